@@ -1,0 +1,185 @@
+"""Formatting for the chat app: token events -> coloured HTML, stats -> panel text and plot data.
+
+Pure functions over plain values (strings, dicts of the engine's stat names); no torch and no
+gradio here, so the formatting is unit-tested without models or a server.
+
+The chat pane shows HTML with markdown rendering switched off, so every piece of token text
+is HTML-escaped and sits in a span whose style keeps whitespace: what the model generated is
+exactly what is shown, code fences and `*stars*` included.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping, Sequence
+
+import pandas as pd
+
+# Token sources, exactly the engine's strings (docs/INTERFACES.md).
+SOURCES = ("draft", "resampled", "bonus", "target")
+
+# Light backgrounds, readable in both themes because the text colour is fixed too.
+# Green / orange / blue / grey stay apart for the common colour-vision deficiencies.
+SOURCE_COLOURS = {
+    "draft": "#b7ebc6",
+    "resampled": "#fdd49e",
+    "bonus": "#b9d7f9",
+    "target": "#e5e7eb",
+}
+
+SOURCE_MEANINGS = {
+    "draft": "drafted and accepted by the target (a token the target did not have to generate alone)",
+    "resampled": "the target rejected the draft here and drew its own token",
+    "bonus": "every draft in the round was accepted; the target's extra token from the same forward",
+    "target": "plain decoding: no draft at this step (baseline, or the drafter had nothing)",
+}
+
+# pre-wrap keeps newlines and runs of spaces exactly; the fixed text colour keeps the light
+# backgrounds readable under a dark theme.
+_SPAN_STYLE = "background-color:{colour};color:#111827;white-space:pre-wrap;border-radius:2px"
+
+
+def token_span(text: str, source: str) -> str:
+    """One token as `<span class="tok tok-SOURCE" style=...>escaped text</span>`."""
+    if source not in SOURCE_COLOURS:
+        raise ValueError(f"unknown token source {source!r}; expected one of {SOURCES}")
+    style = _SPAN_STYLE.format(colour=SOURCE_COLOURS[source])
+    return f'<span class="tok tok-{source}" style="{style}">{html.escape(text)}</span>'
+
+
+def render_tokens(pieces: Iterable[tuple[str, str]]) -> str:
+    """(text, source) pairs -> concatenated spans.
+
+    Empty pieces are skipped: the incremental detokenizer holds back a token whose bytes
+    do not yet form a whole character, and the next token carries that text.
+    """
+    return "".join(token_span(text, source) for text, source in pieces if text)
+
+
+def plain_html(text: str) -> str:
+    """User text for the HTML chat pane: escaped, whitespace kept, no colour."""
+    return f'<span style="white-space:pre-wrap">{html.escape(text)}</span>'
+
+
+def legend_html() -> str:
+    """A legend with one example chip per source and what it means."""
+    rows = [
+        f"<li>{token_span(source, source)} {html.escape(SOURCE_MEANINGS[source])}</li>"
+        for source in SOURCES
+    ]
+    return '<ul class="tok-legend" style="list-style:none;padding-left:0;margin:0">' + "".join(rows) + "</ul>"
+
+
+# ---------------------------------------------------------------- chat panes
+
+
+def new_turn(user: str) -> dict:
+    """One exchange, kept as plain text plus its rendered HTML (the HTML is never parsed back).
+
+    Keys: user, reply (plain text, what the next prompt uses), reply_html, baseline_html
+    (the baseline pane's reply in side-by-side mode, else None).
+    """
+    return {"user": user, "reply": "", "reply_html": "", "baseline_html": None}
+
+
+def prompt_messages(turns: Sequence[Mapping]) -> list[dict]:
+    """Plain-text chat messages for the tokenizer's chat template; unanswered turns skipped."""
+    messages: list[dict] = []
+    for turn in turns:
+        messages.append({"role": "user", "content": turn["user"]})
+        if turn["reply"]:
+            messages.append({"role": "assistant", "content": turn["reply"]})
+    return messages
+
+
+def chat_view(turns: Sequence[Mapping], pane: str = "main") -> list[dict]:
+    """Chatbot messages for a pane: `main` shows reply_html, `baseline` shows baseline_html."""
+    key = "reply_html" if pane == "main" else "baseline_html"
+    messages: list[dict] = []
+    for turn in turns:
+        messages.append({"role": "user", "content": plain_html(turn["user"])})
+        if turn.get(key):
+            messages.append({"role": "assistant", "content": turn[key]})
+    return messages
+
+
+# ---------------------------------------------------------------- the live panel
+
+
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f} s"
+
+
+def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
+    """The live numbers as a small markdown table.
+
+    `stats` holds the engine's stat names (Stats.as_dict()); `mode` names what produced them
+    (e.g. "speculative · prompt lookup" or "baseline"). Acceptance figures are left out for
+    baseline decoding, where nothing is drafted.
+    """
+    if not stats:
+        return f"**{mode}** · waiting for a message"
+    state = "done" if done else "generating…"
+    rows = [("Tokens/s", f"{stats.get('tokens_per_second', 0.0):.1f}")]
+    drafted = stats.get("drafted_tokens", 0)
+    if mode != "baseline":
+        rate = stats.get("acceptance_rate", 0.0) if drafted else 0.0
+        rows += [
+            ("Acceptance rate", f"{rate:.0%} ({stats.get('accepted_tokens', 0)} of {drafted} drafted)"),
+            ("Tokens per target forward", f"{stats.get('tokens_per_target_forward', 0.0):.2f}"),
+            ("Draft length now", str(stats.get("draft_length", "–"))),
+        ]
+    rows.append(("Time to first token", _seconds(stats.get("ttft_s"))))
+    rows.append(("Time drafting / verifying", _time_split(stats)))
+    table = "\n".join(f"| {name} | {value} |" for name, value in rows)
+    header = f"**{mode}** · {stats.get('new_tokens', 0)} tokens · {state}"
+    return f"{header}\n\n| | |\n|---|---|\n{table}"
+
+
+def _time_split(stats: Mapping) -> str:
+    draft_s = stats.get("draft_s") or 0.0
+    verify_s = stats.get("verify_s") or 0.0
+    total = draft_s + verify_s
+    if total <= 0:
+        return "–"
+    return f"{draft_s:.2f} s / {verify_s:.2f} s ({draft_s / total:.0%} / {verify_s / total:.0%})"
+
+
+def acceptance_frame(stats: Mapping | None) -> pd.DataFrame:
+    """Per-position acceptance (accepted / drafted at draft position i) for a bar plot.
+
+    Positions are strings so the plot draws one bar per position instead of binning.
+    """
+    accepted = list((stats or {}).get("accepted_by_position") or [])
+    drafted = list((stats or {}).get("drafted_by_position") or [])
+    rows = [
+        {"position": str(i + 1), "acceptance": accepted[i] / n if n else 0.0, "drafted": n}
+        for i, n in enumerate(drafted)
+    ]
+    return pd.DataFrame(rows, columns=["position", "acceptance", "drafted"])
+
+
+def speedup_markdown(spec: Mapping | None, base: Mapping | None, identical: bool | None) -> str:
+    """The side-by-side result: speculative tokens/s over baseline tokens/s.
+
+    `identical` is None for sampled decoding, where outputs differ by design.
+    """
+    if not spec or not base:
+        return "Speedup: tick **side by side** and send a message to compare with the baseline."
+    spec_tps = spec.get("tokens_per_second") or 0.0
+    base_tps = base.get("tokens_per_second") or 0.0
+    if base_tps <= 0:
+        return "Speedup: – (the baseline produced no tokens)"
+    line = f"**Speedup: {spec_tps / base_tps:.2f}×** (speculative {spec_tps:.1f} tok/s vs baseline {base_tps:.1f} tok/s)"
+    if identical is None:
+        return line + " · sampling: the two outputs differ by design"
+    return line + (" · outputs identical ✓" if identical else " · outputs DIFFER ✗")
+
+
+def models_markdown(description: str | None) -> str:
+    """The loaded models (LoadedModels.describe(): one line per model) as a markdown list."""
+    if not description:
+        return "Models: not loaded yet (they load with the first message or the preset menu)."
+    lines = [line.strip() for line in description.splitlines() if line.strip()]
+    # Code spans keep names like Qwen2_5 or *-Instruct from turning into markdown emphasis.
+    return "**Models**\n\n" + "\n".join("- `" + line.replace("`", "'") + "`" for line in lines)

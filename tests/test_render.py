@@ -1,0 +1,161 @@
+"""Unit tests of the app's formatting (app_render.py): escaping, colours, legend, panel text."""
+
+import html
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import app_render as R
+
+SPAN = re.compile(r'<span class="tok tok-(\w+)" style="([^"]*)">(.*?)</span>', re.S)
+
+
+def spans(markup: str) -> list[tuple[str, str, str]]:
+    """(source, style, unescaped text) of every token span."""
+    return [(src, style, html.unescape(text)) for src, style, text in SPAN.findall(markup)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["<b>bold</b>", "a & b", "x < y > z", "line1\nline2", "```python\nprint(1)\n```", "*x*", "_y_ **z** # h",
+     "  two  spaces", '"quoted" \'single\'', "<script>alert(1)</script>", "&amp;", "\t tab"],
+)
+def test_token_text_round_trips_exactly(text):
+    markup = R.render_tokens([(text, "draft")])
+    [(source, _, shown)] = spans(markup)
+    assert source == "draft"
+    assert shown == text
+    # Nothing the browser would parse as markup survives inside the span.
+    inner = SPAN.findall(markup)[0][2]
+    assert "<" not in inner and ">" not in inner
+
+
+def test_each_token_is_one_span_with_its_own_class_and_colour():
+    pieces = [("Hello", "target"), (",", "draft"), (" world", "bonus"), ("!", "resampled")]
+    found = spans(R.render_tokens(pieces))
+    assert [(src, text) for src, _, text in found] == [(s, t) for t, s in pieces]
+    for source, style, _ in found:
+        assert f"background-color:{R.SOURCE_COLOURS[source]}" in style
+        assert "white-space:pre-wrap" in style
+
+
+def test_classes_are_tok_plus_exactly_one_source():
+    markup = R.render_tokens([(s, s) for s in R.SOURCES])
+    classes = re.findall(r'class="([^"]*)"', markup)
+    assert len(classes) == 4
+    for cls, source in zip(classes, R.SOURCES):
+        assert cls.split() == ["tok", f"tok-{source}"]
+
+
+def test_colours_are_distinct_for_every_source():
+    assert set(R.SOURCE_COLOURS) == set(R.SOURCES)
+    assert len(set(R.SOURCE_COLOURS.values())) == 4
+
+
+def test_unknown_source_is_refused():
+    with pytest.raises(ValueError, match="unknown token source"):
+        R.token_span("x", "guess")
+
+
+def test_split_code_fence_tokens_concatenate_to_the_original():
+    # A code block split across tokens the way a tokenizer does: the shown text must
+    # be the generated text, with no markdown applied and no piece lost.
+    pieces = [("``", "target"), ("`", "draft"), ("py", "draft"), ("\n", "bonus"), ("a", "resampled"),
+              (" <", "draft"), ("= b", "draft"), (" &&", "target"), ("\n```", "draft")]
+    shown = "".join(text for _, _, text in spans(R.render_tokens(pieces)))
+    assert shown == "".join(t for t, _ in pieces)
+
+
+def test_empty_pieces_make_no_span():
+    assert R.render_tokens([("", "draft"), ("a", "target")]).count("<span") == 1
+
+
+def test_legend_names_every_source_with_its_colour():
+    legend = R.legend_html()
+    found = spans(legend)
+    assert [src for src, _, _ in found] == list(R.SOURCES)
+    for source in R.SOURCES:
+        assert html.escape(R.SOURCE_MEANINGS[source]) in legend
+
+
+def test_user_text_is_escaped():
+    assert R.plain_html("<i>hi</i> & *x*") == '<span style="white-space:pre-wrap">&lt;i&gt;hi&lt;/i&gt; &amp; *x*</span>'
+
+
+def test_history_is_plain_text_and_view_is_html():
+    turn = R.new_turn("what is <b>?")
+    turn["reply"] = "a <tag>"
+    turn["reply_html"] = R.render_tokens([("a", "target"), (" <tag>", "draft")])
+    pending = R.new_turn("next")
+    turns = [turn, pending]
+    assert R.prompt_messages(turns) == [
+        {"role": "user", "content": "what is <b>?"},
+        {"role": "assistant", "content": "a <tag>"},
+        {"role": "user", "content": "next"},
+    ]
+    view = R.chat_view(turns)
+    assert [m["role"] for m in view] == ["user", "assistant", "user"]
+    assert "&lt;b&gt;" in view[0]["content"]
+    assert view[1]["content"] == turn["reply_html"]
+    # The baseline pane shows only turns that have a baseline reply.
+    assert [m["role"] for m in R.chat_view(turns, pane="baseline")] == ["user", "user"]
+
+
+STATS = {
+    "new_tokens": 40, "target_forwards": 16, "tokens_per_target_forward": 2.5, "drafted_tokens": 50,
+    "accepted_tokens": 30, "acceptance_rate": 0.6, "accepted_by_position": [12, 10, 8, 0],
+    "drafted_by_position": [15, 15, 15, 5], "draft_length": 4, "ttft_s": 0.125, "wall_s": 2.0,
+    "tokens_per_second": 20.0, "draft_s": 0.5, "verify_s": 1.5,
+}
+
+
+def test_stats_panel_shows_every_figure():
+    text = R.stats_markdown(STATS, "speculative · prompt lookup")
+    for expected in ["20.0", "60% (30 of 50 drafted)", "2.50", "| Draft length now | 4 |", "0.12 s",
+                     "0.50 s / 1.50 s (25% / 75%)", "40 tokens", "generating"]:
+        assert expected in text
+    assert "done" in R.stats_markdown(STATS, "speculative", done=True)
+
+
+def test_baseline_panel_has_speed_but_no_acceptance():
+    base = dict(STATS, drafted_tokens=0, accepted_tokens=0, acceptance_rate=0.0, draft_s=0.0)
+    text = R.stats_markdown(base, "baseline")
+    assert "Tokens/s | 20.0" in text
+    assert "Acceptance" not in text
+
+
+def test_empty_stats_say_waiting():
+    assert "waiting" in R.stats_markdown(None, "baseline")
+
+
+def test_acceptance_frame_per_position():
+    frame = R.acceptance_frame(STATS)
+    assert list(frame["position"]) == ["1", "2", "3", "4"]
+    assert list(frame["acceptance"]) == pytest.approx([0.8, 10 / 15, 8 / 15, 0.0])
+    assert R.acceptance_frame(None).empty
+    assert R.acceptance_frame({"accepted_by_position": [], "drafted_by_position": [0]})["acceptance"].tolist() == [0.0]
+
+
+def test_speedup_text():
+    base = dict(STATS, tokens_per_second=10.0)
+    assert "**Speedup: 2.00×**" in R.speedup_markdown(STATS, base, True)
+    assert "identical ✓" in R.speedup_markdown(STATS, base, True)
+    assert "DIFFER" in R.speedup_markdown(STATS, base, False)
+    assert "by design" in R.speedup_markdown(STATS, base, None)
+    assert "side by side" in R.speedup_markdown(None, None, None)
+    assert "no tokens" in R.speedup_markdown(STATS, dict(base, tokens_per_second=0.0), True)
+
+
+def test_models_text_is_one_code_line_per_model():
+    text = R.models_markdown("target: Qwen2_5 *Instruct* 1.5B, 3.1 GB\ndraft: small `x`, 0.2 GB\n")
+    assert text.count("\n- `") == 2
+    assert "`target: Qwen2_5 *Instruct* 1.5B, 3.1 GB`" in text
+    assert "not loaded" in R.models_markdown(None)
+
+
+def test_render_module_does_not_import_torch():
+    code = "import sys, app_render; assert 'torch' not in sys.modules and 'gradio' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
