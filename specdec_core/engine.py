@@ -1,0 +1,240 @@
+"""The speculative decoding loop: propose, verify, accept, roll back, adapt.
+
+Invariant between rounds: the target's cache holds every token of the context except the
+last one, so one target forward over [last, d1..dk] yields the k+1 distributions a round needs
+(and with no draft it is a plain decoding step, which is how the baseline runs).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from .acceptance import greedy_accept, speculative_accept
+from .detok import IncrementalDetokenizer
+from .drafters import Draft, Drafter
+from .events import BONUS, DRAFT, RESAMPLED, TARGET, GenerationResult, Stats, TokenEvent
+from .policy import DEFAULT_DRAFT_LENGTH, DraftLengthPolicy
+from .runner import CachedModel
+from .sampling import SamplingParams, make_generator, probabilities
+
+
+class SpeculativeEngine:
+    """Lossless speculative decoding of one target model with a pluggable drafter.
+
+    drafter=None decodes plainly through the same code (the fair baseline). One engine serves
+    one generation at a time; `stats` holds the running numbers of the latest one.
+    """
+
+    def __init__(
+        self,
+        target_model,
+        tokenizer,
+        drafter: Drafter | None = None,
+        draft_length: int = DEFAULT_DRAFT_LENGTH,
+        adaptive: bool = True,
+        stop_strings: Iterable[str] = (),
+    ) -> None:
+        DraftLengthPolicy(draft_length, adaptive)  # validates draft_length
+        self.target_model = target_model.eval()
+        self.tokenizer = tokenizer
+        self.drafter = drafter if drafter is not None else Drafter()
+        self.drafter.bind(self.target_model, tokenizer)
+        self.draft_length = draft_length
+        self.adaptive = adaptive
+        self.stop_strings = tuple(stop_strings)
+        self.eos_ids = eos_token_ids(tokenizer, self.target_model)
+        self.context_limit = context_limit(self.target_model)
+        self.stats = Stats(draft_length=draft_length)
+
+    @property
+    def speculative(self) -> bool:
+        return type(self.drafter) is not Drafter
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+        """Run to the end; the tokens, text, sources and stats of the whole reply."""
+        events = list(self.stream(prompt_ids, params))
+        return GenerationResult(
+            token_ids=[e.token_id for e in events],
+            text="".join(e.text for e in events),
+            sources=[e.source for e in events],
+            stats=self.stats,
+        )
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[TokenEvent]:
+        """Yield one TokenEvent per generated token, as soon as its round is verified.
+
+        Lazy: nothing runs between events unless the consumer asks for the next one, so a
+        consumer that stops iterating (or closes the generator) stops the computation.
+        """
+        context = self._checked_prompt(prompt_ids)
+        budget = min(params.max_new_tokens, self.context_limit - len(context))
+        output = _Output(self.tokenizer, self.eos_ids, self.stop_strings, budget)
+        generator = make_generator(params.seed, self.target_model.device)
+        policy = DraftLengthPolicy(self.draft_length, self.adaptive)
+        stats = self.stats = Stats(draft_length=policy.k)
+        target = CachedModel(self.target_model)
+        clock = _EngineClock()
+        try:
+            with _timed(stats, "verify_s"):
+                self._prefill(target, context)
+            self.drafter.reset(context)
+            round_number = 0
+            while True:
+                round_number += 1
+                k = min(policy.k, output.remaining - 1)  # never draft past max_new_tokens
+                with _timed(stats, "draft_s"):
+                    draft = self.drafter.propose(context, k, params, generator) if k > 0 else Draft([])
+                with _timed(stats, "verify_s"):
+                    logits = self._verify(target, context[-1], draft.tokens)
+                    n, token = self._accept(logits, draft, params, generator)
+                target.crop(len(context) + n)  # roll back: forget the rejected drafts
+                self.drafter.accepted(n)
+                policy.update(len(draft.tokens), n)
+                stats.record_round(len(draft.tokens), n)
+                stats.draft_length = policy.k
+                new_tokens = draft.tokens[:n] + [token]
+                for token_id, source in zip(new_tokens, _sources(len(draft.tokens), n)):
+                    context.append(token_id)
+                    event = output.add(token_id, source, round_number)
+                    stats.new_tokens += 1
+                    stats.wall_s = clock.pause()
+                    if stats.ttft_s is None:
+                        stats.ttft_s = stats.wall_s
+                    yield event
+                    clock.resume()
+                    if output.done:
+                        return
+        finally:
+            self.drafter.release()
+
+    def _checked_prompt(self, prompt_ids: list[int]) -> list[int]:
+        context = [int(t) for t in prompt_ids]
+        if not context:
+            raise ValueError("prompt is empty: give at least one token (type a message)")
+        if len(context) >= self.context_limit:
+            raise ValueError(
+                f"prompt is {len(context)} tokens but the model reads at most {self.context_limit}: "
+                "shorten it or clear the chat history"
+            )
+        return context
+
+    def _prefill(self, target: CachedModel, context: list[int]) -> None:
+        """Fill the target's cache with all but the last prompt token (see the invariant)."""
+        if len(context) > 1:
+            target.forward(context[:-1], last_only=True)
+            self.stats.target_forwards += 1
+
+    def _verify(self, target: CachedModel, last_token: int, draft_tokens: list[int]) -> torch.Tensor:
+        """One target forward over [last, d1..dk] -> [k+1, V] logits."""
+        self.stats.target_forwards += 1
+        return target.forward([last_token, *draft_tokens])
+
+    @staticmethod
+    def _accept(
+        logits: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator
+    ) -> tuple[int, int]:
+        """How many drafts the target keeps, and the token it adds after them."""
+        if params.greedy:
+            return greedy_accept(logits.argmax(dim=-1), draft.tokens)
+        p = probabilities(logits, params)
+        q = draft.probs if draft.probs is not None else _one_hot(draft.tokens, p.shape[-1], p.device)
+        return speculative_accept(p, q, draft.tokens, generator)
+
+
+def _sources(drafted: int, accepted: int) -> list[str]:
+    """Provenance of the accepted drafts and of the target's token that closes the round."""
+    if drafted == 0:
+        closing = TARGET
+    elif accepted < drafted:
+        closing = RESAMPLED
+    else:
+        closing = BONUS
+    return [DRAFT] * accepted + [closing]
+
+
+def _one_hot(tokens: list[int], vocab: int, device) -> torch.Tensor:
+    """The distributions of a deterministic drafter: all mass on the proposed token."""
+    q = torch.zeros(len(tokens), vocab, device=device)
+    if tokens:
+        q[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+    return q
+
+
+class _Output:
+    """The reply so far: token ids, sources, text, and whether a stop condition was hit."""
+
+    def __init__(self, tokenizer, eos_ids: set[int], stop_strings: tuple[str, ...], budget: int) -> None:
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._eos_ids = eos_ids
+        self._stop_strings = stop_strings
+        self._budget = budget
+        self.token_ids: list[int] = []
+        self.done = False
+
+    @property
+    def remaining(self) -> int:
+        return self._budget - len(self.token_ids)
+
+    def add(self, token_id: int, source: str, round_number: int) -> TokenEvent:
+        self.token_ids.append(token_id)
+        text = self._detok.push(token_id)
+        self.done = token_id in self._eos_ids or self.remaining <= 0 or self._hit_stop_string(text)
+        if self.done:
+            text += self._detok.flush()  # the pieces must add up to the full decode
+        return TokenEvent(token_id=token_id, text=text, source=source, round=round_number)
+
+    def _hit_stop_string(self, delta: str) -> bool:
+        if not delta:
+            return False
+        text = self._detok.text
+        return any(s in text[-(len(s) + len(delta)) :] for s in self._stop_strings)
+
+
+class _EngineClock:
+    """Engine time only: the clock pauses while the consumer holds a yielded event."""
+
+    def __init__(self) -> None:
+        self._elapsed = 0.0
+        self._since = time.perf_counter()
+
+    def pause(self) -> float:
+        self._elapsed += time.perf_counter() - self._since
+        return self._elapsed
+
+    def resume(self) -> None:
+        self._since = time.perf_counter()
+
+
+class _timed:
+    """Add the time spent in a `with` block to one of the stats' timers."""
+
+    def __init__(self, stats: Stats, field: str) -> None:
+        self._stats, self._field = stats, field
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        spent = time.perf_counter() - self._start
+        setattr(self._stats, self._field, getattr(self._stats, self._field) + spent)
+
+
+def eos_token_ids(tokenizer, model) -> set[int]:
+    """Every id that ends a reply: the tokenizer's EOS and the generation config's."""
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def context_limit(model) -> int:
+    """The longest sequence the model was built for (no limit if the config doesn't say)."""
+    config = model.config.get_text_config()
+    return getattr(config, "max_position_embeddings", None) or sys.maxsize

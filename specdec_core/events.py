@@ -1,0 +1,78 @@
+"""What the engine emits: one TokenEvent per token, running Stats, and the final result."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# Where a token came from (a contract shared with the UI and the CLI).
+DRAFT = "draft"  # proposed by the drafter and accepted by the target
+RESAMPLED = "resampled"  # the target rejected the draft token here and drew its own
+BONUS = "bonus"  # every draft of the round was accepted; the target's extra token
+TARGET = "target"  # no draft at this step: baseline decoding, or nothing was proposed
+SOURCES = (DRAFT, RESAMPLED, BONUS, TARGET)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    token_id: int
+    text: str  # this token's piece of the decoded output ("" while a character is incomplete)
+    source: str  # one of SOURCES
+    round: int  # the verification round (one target forward) that produced it
+
+
+@dataclass
+class Stats:
+    """Running counters of one generation; the derived rates are properties."""
+
+    draft_length: int = 0  # the drafter's current k
+    new_tokens: int = 0
+    target_forwards: int = 0  # every target forward pass, the prompt prefill included
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    ttft_s: float | None = None
+    wall_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        """Count one verification round in which `drafted` tokens were proposed."""
+        grow = drafted - len(self.drafted_by_position)
+        if grow > 0:
+            self.drafted_by_position.extend([0] * grow)
+            self.accepted_by_position.extend([0] * grow)
+        for position in range(drafted):
+            self.drafted_by_position[position] += 1
+        for position in range(accepted):
+            self.accepted_by_position[position] += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+
+    def as_dict(self) -> dict:
+        return {
+            **asdict(self),
+            "tokens_per_target_forward": self.tokens_per_target_forward,
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_second": self.tokens_per_second,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    sources: list[str]
+    stats: Stats
