@@ -1,0 +1,233 @@
+"""models.yaml -> validated, frozen presets.
+
+Validation happens once, when the file is read, so a typo fails before any model loads and
+the message names the preset and the key. Model sources are plain strings in the file:
+
+    bundled:NAME            a model shipped with a Python package (works offline)
+    /abs/path/model.gguf    a GGUF file (relative paths start with ./ or ../ or ~)
+    ./some/folder           a local save_pretrained folder (starts with /, ./, ../ or ~)
+    owner/name              a Hugging Face hub repo id
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "models.yaml"
+AUTO = "auto"  # the reserved preset name that picks a preset for this machine
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("4bit", "8bit", "none")
+DRAFTERS = ("model", "prompt_lookup", "none")
+BUNDLED_PREFIX = "bundled:"
+_LOCAL_PREFIXES = ("/", "./", "../", "~")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ConfigError(ValueError):
+    """An invalid models.yaml. The message is one line naming the file, preset and key."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where one model's weights come from."""
+
+    kind: str  # "hub" | "local" | "gguf" | "bundled"
+    location: str  # repo id, absolute path, or bundled model name
+    label: str  # as written in the file, for messages
+
+    @property
+    def offline(self) -> bool:
+        return self.kind != "hub"
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    target: ModelSpec
+    draft: ModelSpec | None
+    dtype: str
+    draft_quantization: str
+    drafter: str
+    draft_length: int
+    adaptive: bool
+    memory_gb: float
+    download_gb: float
+    requires_gpu: bool
+    gated: bool
+    trust_remote_code: bool
+
+    @property
+    def offline(self) -> bool:
+        """True when no model of this preset comes from the hub."""
+        return self.target.offline and (self.draft is None or self.draft.offline)
+
+    def needs(self) -> str:
+        """What running it takes, in a few words (for `presets` listings and the UI)."""
+        parts = ["offline" if self.offline else f"download {self.download_gb:g} GB"]
+        where = "GPU" if self.requires_gpu else "RAM"
+        parts.append(f"{where} {self.memory_gb:g} GB")
+        if self.gated:
+            parts.append("gated: request access on the hub")
+        if self.trust_remote_code:
+            parts.append("runs code shipped with the model")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class PresetFile:
+    path: Path
+    presets: dict[str, Preset]
+    auto_fallback: str  # the preset `auto` picks when no GPU preset can run
+
+
+# key -> (accepted types, default; _REQUIRED when the key must be present)
+_REQUIRED = object()
+_PRESET_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
+    "description": ((str,), _REQUIRED),
+    "target": ((str,), _REQUIRED),
+    "draft": ((str, type(None)), None),
+    "dtype": ((str,), "auto"),
+    "draft_quantization": ((str,), "none"),
+    "drafter": ((str,), _REQUIRED),
+    "draft_length": ((int,), 5),
+    "adaptive": ((bool,), True),
+    "memory_gb": ((int, float), _REQUIRED),
+    "download_gb": ((int, float), 0.0),
+    "requires_gpu": ((bool,), False),
+    "gated": ((bool,), False),
+    "trust_remote_code": ((bool,), False),
+}
+_CHOICES = {"dtype": DTYPES, "draft_quantization": QUANTIZATIONS, "drafter": DRAFTERS}
+_TOP_KEYS = ("auto_fallback", "presets")
+
+
+def load_presets(path: str | Path | None = None) -> dict[str, Preset]:
+    """The presets of a models.yaml (default: the one at the repo top), by name, in file order."""
+    return load_config(path).presets
+
+
+def load_config(path: str | Path | None = None) -> PresetFile:
+    """Read and validate a models.yaml; raise ConfigError on the first problem."""
+    path = Path(path).expanduser().resolve() if path is not None else DEFAULT_CONFIG
+    raw = _read_yaml(path)
+    where = str(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: the top level must be a mapping with keys {', '.join(_TOP_KEYS)}")
+    _check_keys(raw, _TOP_KEYS, _TOP_KEYS, where)
+    if not isinstance(raw["presets"], dict) or not raw["presets"]:
+        raise ConfigError(f"{where}: key 'presets' must map preset names to settings")
+    presets = {
+        str(name): _parse_preset(str(name), body, path.parent, f"{where}: preset '{name}'")
+        for name, body in raw["presets"].items()
+    }
+    fallback = _check_fallback(raw["auto_fallback"], presets, where)
+    return PresetFile(path=path, presets=presets, auto_fallback=fallback)
+
+
+def parse_model_source(text: str, base_dir: Path) -> ModelSpec:
+    """Classify a model source string (see the module docstring); raise ValueError if unusable."""
+    text = text.strip()
+    if text.startswith(BUNDLED_PREFIX):
+        name = text[len(BUNDLED_PREFIX) :]
+        if not name:
+            raise ValueError("'bundled:' needs a model name")
+        return ModelSpec("bundled", name, text)
+    if text.startswith(_LOCAL_PREFIXES) or text.endswith(".gguf"):
+        path = Path(text).expanduser()
+        path = (path if path.is_absolute() else base_dir / path).resolve()
+        return ModelSpec("gguf" if text.endswith(".gguf") else "local", str(path), text)
+    if _HUB_ID.match(text):
+        return ModelSpec("hub", text, text)
+    raise ValueError(
+        f"'{text}' is neither a hub repo id (owner/name), a local path (starting with /, ./, ../ or ~), "
+        "a .gguf file nor bundled:NAME"
+    )
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the preset file ({error.strerror or error})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}: invalid YAML{at}: {problem}") from None
+
+
+def _check_keys(raw: dict, allowed, required, where: str) -> None:
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown key '{key}' (allowed: {', '.join(allowed)})")
+    for key in required:
+        if key not in raw:
+            raise ConfigError(f"{where}: missing key '{key}'")
+
+
+def _parse_preset(name: str, body: Any, base_dir: Path, where: str) -> Preset:
+    if name == AUTO:
+        raise ConfigError(f"{where}: the name '{AUTO}' is reserved for automatic selection")
+    if not isinstance(body, dict):
+        raise ConfigError(f"{where}: must be a mapping of settings, got {type(body).__name__}")
+    required = [key for key, (_, default) in _PRESET_KEYS.items() if default is _REQUIRED]
+    _check_keys(body, _PRESET_KEYS, required, where)
+    values = {key: _typed_value(body, key, where) for key in _PRESET_KEYS}
+    values["target"] = _model_source(values["target"], base_dir, where, "target")
+    if values["draft"] is not None:
+        values["draft"] = _model_source(values["draft"], base_dir, where, "draft")
+    _check_consistency(values, where)
+    return Preset(name=name, **values)
+
+
+def _typed_value(body: dict, key: str, where: str) -> Any:
+    types, default = _PRESET_KEYS[key]
+    if key not in body:
+        return default
+    value = body[key]
+    # YAML booleans are ints to Python: `draft_length: true` must not pass as 1.
+    wrong_bool = isinstance(value, bool) and bool not in types
+    if wrong_bool or not isinstance(value, types):
+        expected = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+        raise ConfigError(f"{where}: key '{key}' must be {expected}, got {value!r}")
+    if key in _CHOICES and value not in _CHOICES[key]:
+        raise ConfigError(f"{where}: key '{key}' must be one of {', '.join(_CHOICES[key])}, got {value!r}")
+    if isinstance(value, float) or (isinstance(value, int) and float in types):
+        value = float(value)
+    return value
+
+
+def _model_source(text: str, base_dir: Path, where: str, key: str) -> ModelSpec:
+    try:
+        return parse_model_source(text, base_dir)
+    except ValueError as error:
+        raise ConfigError(f"{where}: key '{key}': {error}") from None
+
+
+def _check_consistency(values: dict, where: str) -> None:
+    if values["drafter"] == "model" and values["draft"] is None:
+        raise ConfigError(f"{where}: key 'drafter' is 'model' but the preset has no 'draft'")
+    if values["draft_length"] < 1:
+        raise ConfigError(f"{where}: key 'draft_length' must be >= 1, got {values['draft_length']}")
+    for key in ("memory_gb", "download_gb"):
+        if values[key] < 0:
+            raise ConfigError(f"{where}: key '{key}' must be >= 0, got {values[key]:g}")
+
+
+def _check_fallback(value: Any, presets: dict[str, Preset], where: str) -> str:
+    if not isinstance(value, str) or value not in presets:
+        raise ConfigError(
+            f"{where}: key 'auto_fallback' must name a preset ({', '.join(presets)}), got {value!r}"
+        )
+    if presets[value].requires_gpu:
+        raise ConfigError(f"{where}: key 'auto_fallback' must name a preset that runs without a GPU")
+    return value
