@@ -133,7 +133,7 @@ def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
     rows.append(("Time drafting / verifying", _time_split(stats)))
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
     header = f"**{mode}** · {stats.get('new_tokens', 0)} tokens · {state}"
-    return f"{header}\n\n| | |\n|---|---|\n{table}"
+    return f"{header}\n\n| figure | value |\n|---|---|\n{table}"
 
 
 def _time_split(stats: Mapping) -> str:
@@ -156,7 +156,9 @@ def acceptance_frame(stats: Mapping | None) -> pd.DataFrame:
         {"position": str(i + 1), "acceptance": accepted[i] / n if n else 0.0, "drafted": n}
         for i, n in enumerate(drafted)
     ]
-    return pd.DataFrame(rows, columns=["position", "acceptance", "drafted"])
+    # Typed even when empty: the plot fixes each axis's scale type from the first value it gets.
+    frame = pd.DataFrame(rows, columns=["position", "acceptance", "drafted"])
+    return frame.astype({"position": str, "acceptance": float, "drafted": int})
 
 
 def speedup_markdown(spec: Mapping | None, base: Mapping | None, identical: bool | None) -> str:

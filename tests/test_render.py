@@ -135,7 +135,10 @@ def test_acceptance_frame_per_position():
     frame = R.acceptance_frame(STATS)
     assert list(frame["position"]) == ["1", "2", "3", "4"]
     assert list(frame["acceptance"]) == pytest.approx([0.8, 10 / 15, 8 / 15, 0.0])
-    assert R.acceptance_frame(None).empty
+    empty = R.acceptance_frame(None)
+    assert empty.empty
+    # Typed even when empty: the plot takes each axis's scale type from its first value.
+    assert empty["acceptance"].dtype == float and empty["drafted"].dtype == int
     assert R.acceptance_frame({"accepted_by_position": [], "drafted_by_position": [0]})["acceptance"].tolist() == [0.0]
 
 
