@@ -1,0 +1,123 @@
+"""Command line: `python -m specdec_core presets` and `python -m specdec_core generate ...`.
+
+Flags and the --json keys are a contract (issue 3). The reply goes to stdout; what was
+loaded, notes and the stats summary go to stderr, so `--json` output stays one object.
+Errors are one line on stderr with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import AUTO, DRAFTERS, ConfigError, load_config
+from .sources import LoadError
+
+EXIT_ERROR = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ConfigError, LoadError, ValueError) as error:  # bad file, can't load, bad setting
+        print(f"error: {_one_line(error)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specdec_core", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    presets = commands.add_parser("presets", help="list the presets and what each needs")
+    presets.add_argument("--config", help="a models.yaml of your own (default: the repo's)")
+    presets.set_defaults(run=run_presets)
+
+    generate = commands.add_parser("generate", help="reply to one prompt with speculative decoding")
+    generate.add_argument("--preset", default=AUTO, help="preset name (default: auto)")
+    generate.add_argument("--config", help="a models.yaml of your own (default: the repo's)")
+    generate.add_argument("--prompt", required=True, help="the user message")
+    generate.add_argument("--system", help="a system prompt")
+    generate.add_argument("--drafter", choices=DRAFTERS, help="default: the preset's")
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    generate.add_argument("--top-p", type=float, default=1.0, help="1.0 is off (default)")
+    generate.add_argument("--top-k", type=int, default=0, help="0 is off (default)")
+    generate.add_argument("--max-new-tokens", type=int, default=256)
+    generate.add_argument("--seed", type=int, help="makes sampling reproducible")
+    generate.add_argument("--draft-length", type=int, help="tokens per draft (default: the preset's)")
+    generate.add_argument("--no-adaptive", action="store_true", help="keep the draft length fixed")
+    generate.add_argument("--json", action="store_true", help='print {"text", "token_ids", "sources", "stats"}')
+    generate.set_defaults(run=run_generate)
+    return parser
+
+
+def run_presets(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    width = max(len(name) for name in [AUTO, *config.presets])
+    print(f"{AUTO:<{width}}  the largest GPU preset that fits and can load here, else {config.auto_fallback}")
+    for preset in config.presets.values():
+        print(f"{preset.name:<{width}}  {preset.description}")
+        print(f"{'':<{width}}    needs: {preset.needs()}; default drafter: {preset.drafter}")
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    # Imported here so `presets` and `--help` answer without loading torch.
+    from .chat import chat_prompt_ids
+    from .loading import load_preset
+    from .sampling import SamplingParams
+
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+    )
+    models = load_preset(args.preset, args.config)
+    _inform(f"preset: {models.preset.name}", *models.notes, models.describe())
+    engine = models.make_engine(
+        drafter=args.drafter,
+        draft_length=args.draft_length,
+        adaptive=False if args.no_adaptive else None,
+    )
+    prompt_ids = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": args.prompt}], system=args.system)
+    if args.json:
+        result = engine.generate(prompt_ids, params)
+        reply = {
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "sources": result.sources,
+            "stats": result.stats.as_dict(),
+        }
+        print(json.dumps(reply, ensure_ascii=False))
+    else:
+        for event in engine.stream(prompt_ids, params):
+            print(event.text, end="", flush=True)
+        print()
+    _inform(_summary(engine.stats))
+    return 0
+
+
+def _summary(stats) -> str:
+    return (
+        f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s ({stats.tokens_per_second:.1f} tokens/s), "
+        f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_target_forward:.2f} tokens per target forward"
+    )
+
+
+def _inform(*lines: str) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

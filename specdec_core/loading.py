@@ -1,0 +1,423 @@
+"""Load a preset's target and draft models for this machine, or explain in one line why not.
+
+Placement: on CUDA the draft goes on the first GPU and is loaded first, then the target with
+device_map="auto", so accelerate shards it over all visible GPUs around what is already used.
+On CPU everything is on "cpu". Weights are bf16 on CUDA and fp32 on CPU unless the preset
+says otherwise; the draft can be quantized with bitsandbytes (nf4 or int8).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import AUTO, DRAFTERS, ModelSpec, Preset, PresetFile, load_config
+from .sources import (
+    GATED,
+    LoadError,
+    MISSING,
+    UNREACHABLE,
+    ResolvedSource,
+    availability_problem,
+    hub_problem_message,
+    resolve,
+)
+
+__all__ = [
+    "LoadError",
+    "LoadedModels",
+    "ModelInfo",
+    "choose_auto_preset",
+    "load_preset",
+    "unload",
+]
+
+_GB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What one loaded model is and what it costs."""
+
+    role: str  # "target" | "draft"
+    name: str  # the source as written in models.yaml
+    parameters: int
+    memory_bytes: int  # weights and buffers, as the model reports them
+    device: str  # "cpu", "cuda:0", or "cuda:0,cuda:1" when sharded
+    dtype: str  # dtype of the unquantized parts, e.g. "float32"
+    quantization: str  # "nf4" | "int8" | "none"
+    load_s: float
+
+    def line(self) -> str:
+        return (
+            f"{self.role}: {self.name}  {self.parameters / 1e6:,.1f}M params  "
+            f"{self.memory_bytes / 1e6:,.0f} MB  {self.device}  {self.dtype}  "
+            f"quantization {self.quantization}  loaded in {self.load_s:.1f} s"
+        )
+
+
+@dataclass
+class LoadedModels:
+    """A preset's models, ready to build engines from. Not frozen: `unload` clears it."""
+
+    preset: Preset
+    tokenizer: object  # the target's tokenizer (the draft's maps tokens the same way)
+    target: torch.nn.Module | None
+    draft: torch.nn.Module | None
+    info: list[ModelInfo]
+    notes: list[str] = field(default_factory=list)  # one-line remarks: auto choice, fallbacks
+    draft_tokenizer: object | None = None
+
+    def make_engine(
+        self,
+        drafter: str | None = None,
+        draft_length: int | None = None,
+        adaptive: bool | None = None,
+        stop_strings: tuple[str, ...] = (),
+    ):
+        """A SpeculativeEngine over the target; None arguments take the preset's defaults."""
+        from .engine import SpeculativeEngine
+
+        if self.target is None:
+            raise LoadError(f"the models of preset {self.preset.name} were unloaded: load it again")
+        return SpeculativeEngine(
+            self.target,
+            self.tokenizer,
+            drafter=self._drafter(drafter or self.preset.drafter),
+            draft_length=draft_length if draft_length is not None else self.preset.draft_length,
+            adaptive=self.preset.adaptive if adaptive is None else adaptive,
+            stop_strings=stop_strings,
+        )
+
+    def describe(self) -> str:
+        """One line per model: parameters, memory, device, dtype, quantization, load time."""
+        return "\n".join(info.line() for info in self.info)
+
+    def _drafter(self, kind: str):
+        from .drafters import ModelDrafter, PromptLookupDrafter
+
+        if kind not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}")
+        if kind == "none":
+            return None
+        if kind == "prompt_lookup":
+            return PromptLookupDrafter()
+        if self.draft is None:
+            raise LoadError(
+                f"preset {self.preset.name} has no draft model: use drafter prompt_lookup or none"
+            )
+        return ModelDrafter(self.draft, tokenizer=self.draft_tokenizer)
+
+
+def load_preset(name: str = AUTO, config_path=None) -> LoadedModels:
+    """Load a preset by name ("auto" picks one for this machine; see models.yaml).
+
+    Raises ConfigError for an invalid file and LoadError (one line) for everything that
+    stops the models from loading.
+    """
+    config = load_config(config_path)
+    notes: list[str] = []
+    if name == AUTO:
+        name, notes = choose_auto_preset(config)
+    preset = _find_preset(config, name)
+    cuda = torch.cuda.is_available()
+    if preset.requires_gpu and not cuda:
+        notes.append(f"{preset.name} is meant for a GPU and there is none: it runs on the CPU, slowly")
+    if preset.trust_remote_code:
+        notes.append(f"preset {preset.name} runs code shipped with its models (trust_remote_code: true)")
+
+    # Tokenizers first: a mismatched pair fails before any weights load.
+    target_source = _resolve(preset.target)
+    tokenizer = _load_tokenizer(preset.target, target_source, preset.trust_remote_code)
+    draft_source = draft_tokenizer = None
+    if preset.draft is not None:
+        draft_source = _resolve(preset.draft)
+        draft_tokenizer = _load_tokenizer(preset.draft, draft_source, preset.trust_remote_code)
+        check_same_tokenizer(tokenizer, draft_tokenizer, preset.target.label, preset.draft.label)
+
+    dtype = resolve_dtype(preset.dtype, cuda)
+    draft, draft_info = None, []
+    if preset.draft is not None:  # first, so the target's device_map="auto" sees it on GPU 0
+        quantization, note = draft_quantization(preset.draft_quantization, cuda)
+        notes += [note] if note else []
+        draft, info = _load_model(preset, "draft", draft_source, dtype, quantization, cuda)
+        draft_info = [info]
+    target, target_info = _load_model(preset, "target", target_source, dtype, None, cuda)
+    notes += _offload_notes(target)
+    return LoadedModels(
+        preset=preset,
+        tokenizer=tokenizer,
+        target=target,
+        draft=draft,
+        info=[target_info, *draft_info],
+        notes=notes,
+        draft_tokenizer=draft_tokenizer,
+    )
+
+
+def unload(models: LoadedModels) -> None:
+    """Drop the models and free their memory (engines built from them must be dropped too)."""
+    models.target = None
+    models.draft = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- choosing a preset
+
+
+def choose_auto_preset(
+    config: PresetFile,
+    free_gpu_bytes: int | None = None,
+    problem_of: Callable[[ModelSpec], str | None] = availability_problem,
+) -> tuple[str, list[str]]:
+    """The rule in models.yaml: the largest GPU preset that fits and can load, else the fallback.
+
+    Returns the preset name and one line per preset passed over (and one for the pick).
+    free_gpu_bytes and problem_of are parameters so tests can describe a machine.
+    """
+    if free_gpu_bytes is None:
+        free_gpu_bytes = free_cuda_bytes()
+    gpu_presets = sorted(
+        (p for p in config.presets.values() if p.requires_gpu), key=lambda p: p.memory_gb, reverse=True
+    )
+    fallback = config.auto_fallback
+    if not free_gpu_bytes:
+        skipped = ", ".join(p.name for p in gpu_presets) or "none defined"
+        return fallback, [f"auto: no CUDA GPU, picked {fallback} (GPU presets: {skipped})"]
+    notes = []
+    for preset in gpu_presets:
+        why = _why_not_runnable(preset, free_gpu_bytes, problem_of)
+        if why is None:
+            notes.append(f"auto: picked {preset.name} ({free_gpu_bytes / _GB:.1f} GB of GPU memory free)")
+            return preset.name, notes
+        notes.append(f"auto: passed over {preset.name}: {why}")
+    notes.append(f"auto: picked {fallback}")
+    return fallback, notes
+
+
+def _why_not_runnable(
+    preset: Preset, free_gpu_bytes: int, problem_of: Callable[[ModelSpec], str | None]
+) -> str | None:
+    if preset.memory_gb * _GB > free_gpu_bytes:
+        return f"needs {preset.memory_gb:g} GB of GPU memory, {free_gpu_bytes / _GB:.1f} GB free"
+    for spec in (preset.target, preset.draft):
+        problem = problem_of(spec) if spec is not None else None
+        if problem:
+            return f"{spec.label}: {problem}"
+    return None
+
+
+def free_cuda_bytes() -> int:
+    """Free memory of all visible GPUs together (0 without CUDA)."""
+    if not torch.cuda.is_available():
+        return 0
+    return sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+
+
+def _find_preset(config: PresetFile, name: str) -> Preset:
+    if name not in config.presets:
+        available = ", ".join([AUTO, *config.presets])
+        raise LoadError(f"unknown preset '{name}'; available: {available}")
+    return config.presets[name]
+
+
+# ---------------------------------------------------------------- loading
+
+
+def resolve_dtype(name: str, cuda: bool) -> torch.dtype:
+    """auto: bf16 on CUDA (fp16 on GPUs without bf16), fp32 on CPU."""
+    if name != "auto":
+        return getattr(torch, name)
+    if not cuda:
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def draft_quantization(kind: str, cuda: bool):
+    """(BitsAndBytesConfig or None, a one-line note or None) for a draft quantization setting."""
+    if kind == "none":
+        return None, None
+    from transformers import BitsAndBytesConfig
+    from transformers.utils import is_bitsandbytes_available
+
+    if not is_bitsandbytes_available():
+        return None, f"bitsandbytes is not available here: the draft loads unquantized instead of {kind}"
+    if kind == "8bit":
+        # int8 matmuls on CPU cast fp32 inputs to fp16 and log that on every call.
+        logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
+        return BitsAndBytesConfig(load_in_8bit=True), None
+    # bf16 compute: native on CUDA and what bitsandbytes' CPU kernels were measured with.
+    return (
+        BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
+        ),
+        None,
+    )
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str, draft_name: str) -> None:
+    """Refuse a draft whose tokenizer maps tokens differently (padded model vocabularies may differ)."""
+    target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if target_vocab == draft_vocab:
+        return
+    differing = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
+    raise LoadError(
+        f"draft {draft_name} and target {target_name} use different tokenizers "
+        f"({len(draft_vocab)} vs {len(target_vocab)} tokens, {differing} mappings differ): "
+        "pick a draft from the target's model family"
+    )
+
+
+def _resolve(spec: ModelSpec) -> ResolvedSource:
+    with load_errors(spec.label):
+        return resolve(spec)
+
+
+def _load_tokenizer(spec: ModelSpec, source: ResolvedSource, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    with load_errors(spec.label):
+        return AutoTokenizer.from_pretrained(
+            source.path, local_files_only=source.local_files_only, trust_remote_code=trust_remote_code
+        )
+
+
+def _load_model(
+    preset: Preset, role: str, source: ResolvedSource, dtype: torch.dtype, quantization, cuda: bool
+):
+    """(model, ModelInfo) for the preset's target or draft."""
+    from transformers import AutoModelForCausalLM
+
+    spec = preset.target if role == "target" else preset.draft
+    started = time.perf_counter()
+    with load_errors(spec.label):
+        model = AutoModelForCausalLM.from_pretrained(
+            source.path,
+            local_files_only=source.local_files_only,
+            dtype=dtype,
+            device_map=_device_map(role, cuda),
+            quantization_config=quantization,
+            trust_remote_code=preset.trust_remote_code,
+        )
+    model.eval()
+    return model, model_info(model, role, spec.label, quantization, time.perf_counter() - started)
+
+
+def _device_map(role: str, cuda: bool):
+    if not cuda:
+        return "cpu"  # bitsandbytes on CPU needs an explicit CPU placement
+    return "auto" if role == "target" else {"": 0}
+
+
+def model_info(model, role: str, name: str, quantization, load_s: float) -> ModelInfo:
+    return ModelInfo(
+        role=role,
+        name=name,
+        parameters=model.num_parameters(),  # counts 4-bit packed weights at full size
+        memory_bytes=model.get_memory_footprint(),
+        device=_devices(model),
+        dtype=str(model.dtype).removeprefix("torch."),
+        quantization=_quantization_name(quantization),
+        load_s=load_s,
+    )
+
+
+def _quantization_name(quantization) -> str:
+    if quantization is None:
+        return "none"
+    if getattr(quantization, "load_in_4bit", False):
+        return quantization.bnb_4bit_quant_type
+    return "int8"
+
+
+def _devices(model) -> str:
+    device_map = getattr(model, "hf_device_map", None) or {}
+    devices = sorted({_device_name(d) for d in device_map.values()})
+    return ",".join(devices) if len(devices) > 1 else str(model.device)
+
+
+def _device_name(device) -> str:
+    return f"cuda:{device}" if isinstance(device, int) else str(device)
+
+
+def _offload_notes(model) -> list[str]:
+    placed = {_device_name(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
+    if torch.cuda.is_available() and placed & {"cpu", "disk"}:
+        return ["the target does not fit on the GPUs: part of it runs from CPU memory (slow); "
+                "a smaller preset would fit"]
+    return []
+
+
+# ---------------------------------------------------------------- errors
+
+
+@contextmanager
+def load_errors(name: str) -> Iterator[None]:
+    """Turn what loading `name` can raise into a one-line LoadError; re-raise anything else."""
+    try:
+        yield
+    except LoadError:
+        raise
+    except Exception as error:
+        message = explain_load_error(error, name)
+        if message is None:
+            raise
+        raise LoadError(message) from error
+
+
+def explain_load_error(error: BaseException, name: str) -> str | None:
+    """One line for a known failure while loading `name` (a hub id or path); None if unknown."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
+    chain = list(_exception_chain(error))
+    if any(isinstance(e, GatedRepoError) for e in chain):
+        return hub_problem_message(name, GATED)
+    if any(isinstance(e, RepositoryNotFoundError) for e in chain):
+        return hub_problem_message(name, MISSING)
+    if any(isinstance(e, (LocalEntryNotFoundError, OfflineModeIsEnabled, ConnectionError)) for e in chain):
+        return hub_problem_message(name, UNREACHABLE)
+    if any(_is_out_of_memory(e) for e in chain):
+        return (
+            f"out of memory while loading {name}: use a 4-bit draft (draft_quantization: 4bit) "
+            "or a smaller preset (see `python -m specdec_core presets`)"
+        )
+    if isinstance(error, ValueError) and "trust_remote_code" in str(error):
+        return (
+            f"{name} ships its own model code: set trust_remote_code: true in its preset "
+            "only if you trust that code"
+        )
+    if isinstance(error, OSError):
+        return f"could not load {name}: {_first_line(error)}"
+    return None
+
+
+def _exception_chain(error: BaseException) -> Iterator[BaseException]:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
