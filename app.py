@@ -1,0 +1,406 @@
+"""The speculative-decoding chat app: `python app.py [--preset NAME] [--share --auth USER:PASSWORD]`.
+
+Wiring and launch only: the engine lives in specdec_core, the formatting in app_render.
+`build_ui()` returns the Blocks without launching or loading anything, so tests can drive it;
+models load on the first page view, the first message or a pick in the preset menu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import gradio as gr
+import torch
+
+import app_render as R
+from specdec_core import SamplingParams
+from specdec_core.chat import chat_prompt_ids
+from specdec_core.config import ConfigError, load_presets
+from specdec_core.loading import LoadedModels, LoadError, load_preset, unload
+
+log = logging.getLogger("specdec.app")
+
+AUTH_ENV = "SPECDEC_AUTH"
+DEVICE = "device"  # one concurrency group: loading and generating share the device
+UPDATE_INTERVAL_S = 0.05  # stream at most ~20 updates a second so the browser keeps up
+DRAFTERS = [("draft model", "model"), ("prompt lookup", "prompt_lookup")]
+
+OOM_HELP = ("Out of memory: lower 'max new tokens', press Clear to shorten the conversation, "
+            "or pick a smaller preset (or one with a 4-bit draft).")
+
+
+class ModelHolder:
+    """The one loaded preset, shared by every session: the device holds one set of models.
+
+    A lock makes loading and swapping atomic; swapping unloads the old models first so two
+    presets never sit in memory together.
+    """
+
+    def __init__(self, config_path: str | None = None,
+                 loader: Callable[..., LoadedModels] = load_preset,
+                 unloader: Callable[[LoadedModels], None] = unload) -> None:
+        self._config_path = config_path
+        self._loader = loader
+        self._unloader = unloader
+        self._lock = threading.Lock()
+        self._models: LoadedModels | None = None
+
+    @property
+    def models(self) -> LoadedModels | None:
+        return self._models
+
+    def get(self, preset: str) -> LoadedModels:
+        """The models of `preset` ("auto": whatever is loaded, else the automatic pick)."""
+        with self._lock:
+            current = self._models
+            if current is not None and preset in ("auto", current.preset.name):
+                return current
+            self._release_locked()
+            self._models = self._loader(preset, self._config_path)
+            return self._models
+
+    def release(self) -> None:
+        with self._lock:
+            self._release_locked()
+
+    def _release_locked(self) -> None:
+        if self._models is not None:
+            models, self._models = self._models, None
+            self._unloader(models)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The control values, in the order the controls are passed as event inputs."""
+
+    preset: str
+    drafter: str
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    draft_length: int
+    adaptive: bool
+    baseline: bool
+    compare: bool
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=float(self.temperature), top_k=int(self.top_k),
+                              top_p=float(self.top_p), max_new_tokens=int(self.max_new_tokens))
+
+    def mode(self) -> str:
+        """The panel's name for the main pane's decoding."""
+        if self.baseline and not self.compare:
+            return "baseline"
+        return f"speculative · {dict((v, k) for k, v in DRAFTERS).get(self.drafter, self.drafter)}"
+
+
+class View(NamedTuple):
+    """Everything a chat event updates, in the order of the event's outputs."""
+
+    msg: str
+    chat: list
+    chat_baseline: list
+    turns: list
+    stats: str
+    plot: object
+    speedup: str
+    models: str
+
+
+class UserError(Exception):
+    """A failure the user can fix; the message says how (shown as gr.Error)."""
+
+
+# ---------------------------------------------------------------- generation
+
+
+def stream_reply(engine, prompt_ids: list[int], params: SamplingParams) -> Iterator[tuple[str, str, dict, list[int]]]:
+    """Run one reply; yield (text, html, stats, token_ids) every UPDATE_INTERVAL_S and at the end.
+
+    Closing this generator (Stop, a dropped connection) closes the engine's stream, which
+    stops the computation and frees its caches at once instead of at garbage collection.
+    """
+    stream = engine.stream(prompt_ids, params)
+    text, spans, token_ids = [], [], []
+    last_update = 0.0
+    try:
+        for event in stream:
+            token_ids.append(event.token_id)
+            if event.text:
+                text.append(event.text)
+                spans.append(R.token_span(event.text, event.source))
+            if time.monotonic() - last_update >= UPDATE_INTERVAL_S:
+                last_update = time.monotonic()
+                yield "".join(text), "".join(spans), engine.stats.as_dict(), token_ids
+        yield "".join(text), "".join(spans), engine.stats.as_dict(), token_ids
+    finally:
+        stream.close()
+
+
+def make_engine(models: LoadedModels, settings: Settings, baseline: bool):
+    if baseline:
+        return models.make_engine(drafter="none")
+    if settings.drafter == "model" and models.draft is None:
+        raise UserError(f"Preset '{models.preset.name}' has no draft model: choose the prompt lookup drafter.")
+    return models.make_engine(drafter=settings.drafter, draft_length=int(settings.draft_length),
+                              adaptive=bool(settings.adaptive))
+
+
+def checked_prompt(models: LoadedModels, turns: list[dict]) -> list[int]:
+    """The chat-template prompt, refused with advice when it no longer fits the context."""
+    prompt_ids = chat_prompt_ids(models.tokenizer, R.prompt_messages(turns))
+    limit = getattr(models.target.config.get_text_config(), "max_position_embeddings", None)
+    if limit and len(prompt_ids) >= limit:
+        raise UserError(f"The conversation is {len(prompt_ids)} tokens, more than the model's context of "
+                        f"{limit}: press Clear to start a new one, or send a shorter message.")
+    return prompt_ids
+
+
+def user_message(error: BaseException) -> str:
+    """One line for the UI saying what went wrong and what to do; never a traceback."""
+    if isinstance(error, (UserError, LoadError)):
+        return str(error)
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(error).lower():
+        return OOM_HELP
+    if isinstance(error, ValueError):  # bad settings or an unusable prompt, from the engine
+        return f"{error}. Change the setting and send again."
+    return f"Generation failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). " \
+           "Try again; the console has the details."
+
+
+# ---------------------------------------------------------------- the UI
+
+
+def build_ui(preset: str = "auto", config_path: str | None = None, max_new_tokens: int = 256,
+             holder: ModelHolder | None = None) -> gr.Blocks:
+    """The chat app as a gr.Blocks (queued, not launched). Loads no model."""
+    holder = holder or ModelHolder(config_path)
+    presets = load_presets(config_path)  # ConfigError here: a bad models.yaml fails at start
+    if preset != "auto" and preset not in presets:
+        raise ValueError(f"unknown preset {preset!r}; available: auto, {', '.join(presets)}")
+    start = presets.get(preset)
+
+    with gr.Blocks(title="Speculative decoding chat") as demo:
+        turns = gr.State([])
+        gr.Markdown("# Speculative decoding chat\nEach reply token is coloured by where it came from.")
+        gr.HTML(R.legend_html(), elem_id="legend")
+        with gr.Row():
+            with gr.Column(scale=3):
+                with gr.Row():
+                    with gr.Column(visible=False) as baseline_pane:
+                        chat_baseline = gr.Chatbot(label="Baseline (plain decoding)", elem_id="chat-baseline",
+                                                   render_markdown=False, height=460)
+                    chat = gr.Chatbot(label="Chat", elem_id="chat", render_markdown=False, height=460)
+                speedup = gr.Markdown(R.speedup_markdown(None, None, None), elem_id="speedup", visible=False)
+                msg = gr.Textbox(label="Message", elem_id="msg", lines=2, placeholder="Ask something…")
+                with gr.Row():
+                    send = gr.Button("Send", elem_id="send", variant="primary")
+                    stop = gr.Button("Stop", elem_id="stop", variant="stop")
+                    retry = gr.Button("Retry", elem_id="retry")
+                    clear = gr.Button("Clear", elem_id="clear")
+                with gr.Row():
+                    baseline = gr.Checkbox(False, label="Baseline (no speculation)", elem_id="baseline")
+                    compare = gr.Checkbox(False, label="Side by side: baseline, then speculative",
+                                          elem_id="compare")
+            with gr.Column(scale=2, elem_id="stats"):
+                stats = gr.Markdown(R.stats_markdown(None, "speculative"), elem_id="stats-text")
+                plot = gr.BarPlot(R.acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
+                                  title="Acceptance by draft position", x_title="draft position",
+                                  y_title="accepted share", height=220, elem_id="acceptance-plot")
+                models_md = gr.Markdown(R.models_markdown(None), elem_id="models")
+        with gr.Accordion("Settings", open=True):
+            with gr.Row():
+                preset_menu = gr.Dropdown(["auto", *presets], value=preset, label="Preset", elem_id="preset")
+                drafter = gr.Dropdown(DRAFTERS, value=start.drafter if start and start.drafter in
+                                      ("model", "prompt_lookup") else "prompt_lookup",
+                                      label="Drafter", elem_id="drafter")
+                draft_length = gr.Slider(1, 16, value=start.draft_length if start else 5, step=1,
+                                         label="Draft length (start value when adaptive)", elem_id="draft-length")
+                adaptive = gr.Checkbox(start.adaptive if start else True, label="Adaptive draft length",
+                                       elem_id="adaptive")
+            with gr.Row():
+                temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
+                                        elem_id="temperature")
+                top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p (1 = off)", elem_id="top-p")
+                top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)", elem_id="top-k")
+                max_new = gr.Slider(1, max(4096, max_new_tokens), value=max_new_tokens, step=1,
+                                    label="Max new tokens", elem_id="max-new-tokens")
+
+        controls = [preset_menu, drafter, temperature, top_p, top_k, max_new, draft_length, adaptive,
+                    baseline, compare]
+        outputs = [msg, chat, chat_baseline, turns, stats, plot, speedup, models_md]
+
+        def respond(message: str, history: list, *values):
+            settings = Settings(*values)
+            if not (message or "").strip():
+                raise gr.Error("Empty message: type something in the box, then press Send.")
+            yield from _guarded(message, history, settings, lambda: _chat(holder, message, history, settings))
+
+        def retry_last(history: list, *values):
+            if not history:
+                raise gr.Error("Nothing to retry yet: send a message first.")
+            yield from respond(history[-1]["user"], history[:-1], *values)
+
+        def clear_all():
+            return View("", [], [], [], R.stats_markdown(None, "speculative"), R.acceptance_frame(None),
+                        R.speedup_markdown(None, None, None), _models_text(holder))
+
+        def change_preset(name: str, progress=gr.Progress()):
+            progress(0, desc=f"Loading preset {name}…")
+            try:
+                models = holder.get(name)
+            except (LoadError, ConfigError) as error:
+                raise gr.Error(str(error)) from None
+            except Exception as error:  # noqa: BLE001 - anything else still must not kill the UI
+                log.exception("loading preset %s failed", name)
+                raise gr.Error(user_message(error)) from None
+            return _preset_controls(models)
+
+        def page_opened(progress=gr.Progress()):
+            """Show what is loaded; a fresh server loads the start preset now, not at launch."""
+            return change_preset(preset if holder.models is None else "auto", progress)
+
+        chat_events = [
+            send.click(respond, [msg, turns, *controls], outputs, api_name="send", concurrency_id=DEVICE),
+            msg.submit(respond, [msg, turns, *controls], outputs, api_name=False, concurrency_id=DEVICE),
+            retry.click(retry_last, [turns, *controls], outputs, api_name="retry", concurrency_id=DEVICE),
+        ]
+        stop.click(None, None, None, cancels=chat_events)
+        clear.click(clear_all, None, outputs, cancels=chat_events, api_name="clear")
+        preset_outputs = [models_md, preset_menu, drafter, draft_length, adaptive]
+        preset_menu.input(change_preset, preset_menu, preset_outputs, api_name="load_preset",
+                          concurrency_id=DEVICE)
+        demo.load(page_opened, None, preset_outputs, api_name=False, concurrency_id=DEVICE)
+        compare.change(lambda on: (gr.Column(visible=on), gr.Markdown(visible=on)), compare,
+                       [baseline_pane, speedup], api_name=False, queue=False)
+
+    demo.queue(default_concurrency_limit=1, max_size=64)
+    return demo
+
+
+def _models_text(holder: ModelHolder) -> str:
+    return R.models_markdown(holder.models.describe() if holder.models else None)
+
+
+def _preset_controls(models: LoadedModels) -> tuple:
+    """The models panel, and the controls reset to the loaded preset's defaults."""
+    preset = models.preset
+    drafter = preset.drafter if preset.drafter in ("model", "prompt_lookup") else "prompt_lookup"
+    if drafter == "model" and models.draft is None:
+        drafter = "prompt_lookup"
+    return (R.models_markdown(models.describe()), preset.name, drafter, preset.draft_length, preset.adaptive)
+
+
+def _guarded(message: str, history: list, settings: Settings, run: Callable[[], Iterator[View]]) -> Iterator[View]:
+    """Run a chat generator; on failure put the history back as it was, then show one line."""
+    try:
+        yield from run()
+    except Exception as error:  # noqa: BLE001 - every failure becomes a message, never a traceback
+        if not isinstance(error, (UserError, LoadError, ValueError)):
+            log.exception("generation failed")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # after an OOM, give the freed caches back before the next try
+        yield View(message, R.chat_view(history), R.chat_view(history, "baseline"), history,
+                   gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        raise gr.Error(user_message(error)) from None
+
+
+def _chat(holder: ModelHolder, message: str, history: list, settings: Settings) -> Iterator[View]:
+    """One user message: load if needed, then stream the reply (or baseline then speculative)."""
+    turns = [*history, R.new_turn(message)]
+    turn = turns[-1]
+    waiting = "Loading models… (first message only)" if holder.models is None else "Reading the prompt…"
+    yield View("", R.chat_view(turns), R.chat_view(turns, "baseline"), turns, waiting,
+               gr.skip(), gr.skip(), gr.skip())
+    models = holder.get(settings.preset)
+    params = settings.sampling()
+    prompt_ids = checked_prompt(models, turns)
+    models_text = R.models_markdown(models.describe())
+
+    def view(stats_text, plot, speedup_text) -> View:
+        return View("", R.chat_view(turns), R.chat_view(turns, "baseline"), turns, stats_text, plot,
+                    speedup_text, models_text)
+
+    base_stats = base_ids = None
+    if settings.compare:  # baseline first, then speculative: each has the device to itself
+        engine = make_engine(models, settings, baseline=True)
+        for text, markup, stats, token_ids in stream_reply(engine, prompt_ids, params):
+            turn.update(reply=text, baseline_html=markup)  # the history keeps a reply if stopped here
+            yield view(R.stats_markdown(stats, "baseline"), R.acceptance_frame(None), gr.skip())
+        base_stats, base_ids = stats, list(token_ids)
+
+    mode = settings.mode()
+    engine = make_engine(models, settings, baseline=settings.baseline and not settings.compare)
+    for text, markup, stats, token_ids in stream_reply(engine, prompt_ids, params):
+        turn.update(reply=text, reply_html=markup)
+        yield view(R.stats_markdown(stats, mode), R.acceptance_frame(stats), gr.skip())
+
+    identical = (base_ids == token_ids) if params.greedy else None
+    speedup_text = R.speedup_markdown(stats, base_stats, identical) if settings.compare else gr.skip()
+    yield view(R.stats_markdown(stats, mode, done=True), R.acceptance_frame(stats), speedup_text)
+
+
+# ---------------------------------------------------------------- launch
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Chat with a local model; watch speculative decoding work.")
+    parser.add_argument("--preset", default="auto", help="preset name from models.yaml, or auto (default)")
+    parser.add_argument("--config", default=None, help="a models.yaml of your own")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: the whole network)")
+    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--share", action="store_true", help="also make a public gradio.live link")
+    parser.add_argument("--auth", default=os.environ.get(AUTH_ENV),
+                        help=f"USER:PASSWORD login in front of the app (or set {AUTH_ENV})")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="starting value of the slider")
+    args = parser.parse_args(argv)
+    if args.auth is not None and ":" not in args.auth:
+        parser.error("--auth takes USER:PASSWORD")
+    if args.max_new_tokens < 1:
+        parser.error("--max-new-tokens must be at least 1")
+    return args
+
+
+def launch(demo: gr.Blocks, args: argparse.Namespace) -> None:
+    """Serve until interrupted. A failed share link is one line; the app keeps serving locally."""
+    auth = tuple(args.auth.split(":", 1)) if args.auth else None
+    if args.share and not auth:
+        print("Warning: --share makes a public link anyone can open; add --auth USER:PASSWORD "
+              f"(or set {AUTH_ENV}).", file=sys.stderr)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # gradio explains a failed share link in ten lines
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth,
+                    prevent_thread_lock=True)
+    launch_text = printed.getvalue()
+    if args.share and not demo.share_url:
+        launch_text = launch_text.split("\nCould not create share link")[0].rstrip() + "\n"
+        launch_text += (f"Could not create a share link (no network or tunnel blocked); "
+                        f"still serving locally at {demo.local_url}\n")
+    print(launch_text, end="", flush=True)
+    demo.block_thread()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        demo = build_ui(args.preset, args.config, args.max_new_tokens)
+    except (ValueError, FileNotFoundError) as error:  # ConfigError is a ValueError
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    launch(demo, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""End to end: the chat app served on a local port, driven by gradio_client, on tiny models.
+
+The tiny presets (tests/conftest.py: tiny_app_config) load through the real loading path.
+Each test uses its own Client, so its own session: its own chat history.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from gradio_client.utils import Status
+
+import app
+from specdec_core import SamplingParams
+from specdec_core.chat import chat_prompt_ids
+from tests.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+SPAN = re.compile(r'<span class="tok tok-(\w+)" style="[^"]*">(.*?)</span>', re.S)
+OUT = ["msg", "chat", "chat_baseline", "stats", "plot", "speedup", "models"]  # client outputs
+
+DEFAULTS = dict(preset="tiny", drafter="prompt_lookup", temperature=0.0, top_p=1.0, top_k=0,
+                max_new_tokens=24, draft_length=4, adaptive=True, baseline=False, compare=False)
+
+
+def controls(**overrides) -> list:
+    """The control values in the order app.Settings (and the event inputs) take them."""
+    values = {**DEFAULTS, **overrides}
+    return [values[name] for name in app.Settings.__dataclass_fields__]
+
+
+def send(client: Client, message: str, **overrides):
+    return client.submit(message, *controls(**overrides), api_name="/send")
+
+
+def outputs(job) -> dict:
+    return dict(zip(OUT, job.result()))
+
+
+def text_of(message: dict) -> str:
+    """A chatbot message's content as the HTML string the app sent."""
+    content = message["content"]
+    return content if isinstance(content, str) else "".join(block["text"] for block in content)
+
+
+def token_spans(message: dict) -> list[tuple[str, str]]:
+    """(source, exact text) of each token span of a chatbot message."""
+    return [(source, html.unescape(text)) for source, text in SPAN.findall(text_of(message))]
+
+
+def reference_reply(server, messages: list[dict], drafter: str = "none", max_new_tokens: int = 24):
+    """What the engine itself generates for this conversation (greedy)."""
+    models = server.holder.models
+    prompt = chat_prompt_ids(models.tokenizer, messages)
+    return models.make_engine(drafter=drafter).generate(prompt, SamplingParams(max_new_tokens=max_new_tokens))
+
+
+@pytest.fixture
+def client(app_server):
+    return Client(app_server.url, verbose=False)
+
+
+def test_import_and_build_load_nothing(tiny_app_config):
+    holder = app.ModelHolder(str(tiny_app_config))
+    demo = app.build_ui("tiny", str(tiny_app_config), holder=holder)
+    assert holder.models is None
+    assert not demo.is_running
+    ids = {block.elem_id for block in demo.blocks.values()}
+    assert {"msg", "send", "stop", "chat", "chat-baseline", "baseline", "compare", "stats", "speedup"} <= ids
+
+
+def test_reply_streams_as_coloured_exact_tokens(app_server, client):
+    job = send(client, "Tell me a <story> & *more*")
+    updates = [dict(zip(OUT, update)) for update in job]
+    final = outputs(job)
+    assert final["msg"] == ""  # the box is cleared for the next message
+    user, reply = final["chat"]
+    assert "&lt;story&gt; &amp; *more*" in text_of(user)
+    spans = token_spans(reply)
+    assert spans and all(source in ("draft", "resampled", "bonus", "target") for source, _ in spans)
+    # The spans carry exactly the engine's text: escaping and colouring changed nothing.
+    expected = reference_reply(app_server, [{"role": "user", "content": "Tell me a <story> & *more*"}])
+    assert "".join(text for _, text in spans) == expected.text
+    # It streamed: the reply grew over several updates before the end.
+    lengths = {len(token_spans(u["chat"][-1])) for u in updates if len(u["chat"]) == 2}
+    assert len(lengths) >= 2
+    assert "done" in final["stats"] and "Tokens/s" in final["stats"]
+    assert "Acceptance rate" in final["stats"] and "Draft length now" in final["stats"]
+    assert "target: ./target" in final["models"]
+
+
+def test_multi_turn_prompt_uses_the_plain_text_history(app_server, client):
+    first = outputs(send(client, "Hello there"))
+    first_reply = "".join(text for _, text in token_spans(first["chat"][1]))
+    second = outputs(send(client, "And then?"))
+    assert [m["role"] for m in second["chat"]] == ["user", "assistant", "user", "assistant"]
+    conversation = [{"role": "user", "content": "Hello there"},
+                    {"role": "assistant", "content": first_reply},
+                    {"role": "user", "content": "And then?"}]
+    second_reply = "".join(text for _, text in token_spans(second["chat"][3]))
+    assert second_reply == reference_reply(app_server, conversation).text
+
+
+def test_model_drafter_shows_draft_provenance(client):
+    final = outputs(send(client, "Count with me: one two three", drafter="model", max_new_tokens=40))
+    sources = {source for source, _ in token_spans(final["chat"][1])}
+    assert "draft" in sources  # the perturbed copy agrees with the target often
+    assert sources <= {"draft", "resampled", "bonus", "target"}
+    assert "speculative · draft model" in final["stats"]
+    plot = final["plot"]
+    assert plot["columns"][:2] == ["position", "acceptance"] and plot["data"]
+
+
+def test_baseline_toggle_decodes_plainly(app_server, client):
+    final = outputs(send(client, "Plain please", baseline=True))
+    spans = token_spans(final["chat"][1])
+    assert spans and {source for source, _ in spans} == {"target"}
+    assert "**baseline**" in final["stats"] and "Acceptance" not in final["stats"]
+    assert "".join(t for _, t in spans) == reference_reply(app_server, [{"role": "user", "content": "Plain please"}]).text
+
+
+def test_side_by_side_runs_baseline_then_speculative(client):
+    final = outputs(send(client, "Compare us", compare=True, drafter="model"))
+    base_spans = token_spans(final["chat_baseline"][1])
+    spec_spans = token_spans(final["chat"][1])
+    assert {s for s, _ in base_spans} == {"target"}
+    assert {s for s, _ in spec_spans} - {"target"}  # speculation shows its provenance
+    assert "".join(t for _, t in base_spans) == "".join(t for _, t in spec_spans)  # greedy: lossless
+    assert re.search(r"\*\*Speedup: \d+\.\d\d×\*\*", final["speedup"])
+    assert "outputs identical ✓" in final["speedup"]
+
+
+def test_side_by_side_sampling_says_outputs_differ_by_design(client):
+    final = outputs(send(client, "Sample", compare=True, temperature=0.9, top_p=0.9, top_k=50))
+    assert "Speedup:" in final["speedup"] and "by design" in final["speedup"]
+
+
+def test_stop_ends_the_work_and_the_next_message_works(app_server, client):
+    target = app_server.holder.get("tiny").target
+    forwards = []
+    hook = target.register_forward_hook(lambda *_: forwards.append(time.monotonic()))
+    try:
+        job = send(client, "Go on and on", baseline=True, max_new_tokens=450)
+        while len(forwards) < 20:
+            assert not job.done(), "the generation ended before it could be stopped"
+            time.sleep(0.01)
+        job.cancel()
+        time.sleep(1.0)  # a round is a few ms here: any work left would show up in this second
+        count = len(forwards)
+        time.sleep(1.0)
+        assert len(forwards) == count, "the engine kept computing after Stop"
+        assert count < 440
+    finally:
+        hook.remove()
+    after = outputs(send(client, "Still there?"))
+    roles = [m["role"] for m in after["chat"]]
+    assert roles[-2:] == ["user", "assistant"] and token_spans(after["chat"][-1])
+    assert text_of(after["chat"][-2]).endswith("Still there?</span>")
+
+
+def test_retry_replaces_the_last_reply_and_clear_empties(client):
+    first = outputs(send(client, "Once"))
+    again = dict(zip(OUT, client.predict(*controls(), api_name="/retry")))
+    assert len(again["chat"]) == 2
+    assert token_spans(again["chat"][1]) == token_spans(first["chat"][1])  # greedy: the same reply
+    cleared = client.predict(api_name="/clear")
+    assert cleared[1] == [] and cleared[2] == []
+    with pytest.raises(AppError, match="Nothing to retry"):
+        client.predict(*controls(), api_name="/retry")
+
+
+def test_second_user_waits_in_the_queue(app_server):
+    first, second = Client(app_server.url, verbose=False), Client(app_server.url, verbose=False)
+    long_job = send(first, "Long one", baseline=True, max_new_tokens=300)
+    while long_job.status().code not in (Status.PROCESSING, Status.ITERATING):
+        time.sleep(0.01)
+    waiting = send(second, "My turn")
+    ranks = []
+    while not waiting.done():
+        status = waiting.status()
+        if status.code == Status.IN_QUEUE and status.rank is not None:
+            ranks.append(status.rank)
+        time.sleep(0.02)
+    assert ranks and ranks[0] == 0  # told its position while the first generation ran
+    assert long_job.done() and token_spans(outputs(waiting)["chat"][1])
+
+
+# ---------------------------------------------------------------- errors: message, history intact
+
+
+def assert_history_kept(client, turns_before: int):
+    final = outputs(send(client, "after the error"))
+    assert len(final["chat"]) == 2 * turns_before + 2
+
+
+def test_empty_message_is_refused_with_advice(client):
+    outputs(send(client, "first"))
+    with pytest.raises(AppError, match="Empty message: type something"):
+        send(client, "   ").result()
+    assert_history_kept(client, 1)
+
+
+def test_prompt_longer_than_context_is_refused_with_advice(client):
+    outputs(send(client, "first"))
+    with pytest.raises(AppError, match=r"more than the model's context of 512: press Clear"):
+        send(client, "word " * 600).result()
+    assert_history_kept(client, 1)
+
+
+def test_failed_load_shows_what_to_do_and_the_app_recovers(app_server, client):
+    outputs(send(client, "first"))
+    with pytest.raises(AppError, match="no model folder"):
+        client.predict("broken", api_name="/load_preset")
+    with pytest.raises(AppError, match="no model folder"):
+        send(client, "via send", preset="broken").result()
+    assert_history_kept(client, 1)  # and the tiny preset loads again
+
+
+def test_out_of_memory_shows_what_to_do(app_server, client, monkeypatch):
+    outputs(send(client, "first"))
+    models = app_server.holder.get("tiny")
+    real_make_engine = models.make_engine
+
+    class RunsOutOfMemory:
+        def __init__(self, engine):
+            self.engine, self.stats = engine, engine.stats
+
+        def stream(self, prompt_ids, params):
+            for n, event in enumerate(self.engine.stream(prompt_ids, params)):
+                if n == 3:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                self.stats = self.engine.stats
+                yield event
+
+    monkeypatch.setattr(models, "make_engine", lambda **kw: RunsOutOfMemory(real_make_engine(**kw)))
+    job = send(client, "this runs out")
+    with pytest.raises(AppError, match="Out of memory: lower 'max new tokens'"):
+        job.result()
+    restored = dict(zip(OUT, job.outputs()[-1]))
+    assert len(restored["chat"]) == 2 and restored["msg"] == "this runs out"
+    monkeypatch.undo()
+    assert_history_kept(client, 1)
+
+
+def test_out_of_range_setting_is_refused(client):
+    # The sliders' bounds keep bad values from the engine; gradio names the problem.
+    with pytest.raises(AppError, match="less than minimum value 0.05"):
+        send(client, "hi", top_p=0.0).result()
+
+
+def test_model_drafter_without_a_draft_model(client):
+    with pytest.raises(AppError, match="has no draft model: choose the prompt lookup"):
+        send(client, "hi", preset="tiny-nodraft", drafter="model").result()
+    final = outputs(send(client, "hi", preset="tiny"))  # switch back
+    assert token_spans(final["chat"][1])
+
+
+# ---------------------------------------------------------------- command line and launch
+
+
+def test_flags_and_auth_from_the_environment(monkeypatch):
+    args = app.parse_args([])
+    assert (args.preset, args.config, args.host, args.port, args.share, args.max_new_tokens) == (
+        "auto", None, "127.0.0.1", 7860, False, 256)
+    monkeypatch.setenv(app.AUTH_ENV, "ann:secret")
+    assert app.parse_args([]).auth == "ann:secret"
+    assert app.parse_args(["--auth", "bob:pw"]).auth == "bob:pw"
+    with pytest.raises(SystemExit):
+        app.parse_args(["--auth", "no-colon"])
+
+
+def test_unknown_preset_exits_2_with_the_list(tiny_app_config, capsys):
+    assert app.main(["--preset", "nope", "--config", str(tiny_app_config)]) == 2
+    assert "available: auto, tiny, tiny-nodraft, broken" in capsys.readouterr().err
+
+
+def run_app(*flags: str, env: dict | None = None) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "app.py", "--port", str(port), *flags], cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )
+    return process, port
+
+
+def wait_for_line(process: subprocess.Popen, needle: str, timeout: float = 120) -> list[str]:
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"never printed {needle!r}; got:\n{''.join(lines)}")
+
+
+def test_share_without_network_warns_and_keeps_serving(tiny_app_config):
+    process, port = run_app("--share", "--preset", "tiny", "--config", str(tiny_app_config))
+    try:
+        lines = wait_for_line(process, "Could not create a share link")
+        text = "".join(lines)
+        assert "--share makes a public link" in text  # no --auth: warned
+        assert text.count("Could not create") == 1 and "Please check your internet" not in text
+        assert f"127.0.0.1:{port}" in lines[-1]
+        final = outputs(send(Client(f"http://127.0.0.1:{port}/", verbose=False), "hi"))
+        assert token_spans(final["chat"][1])
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_auth_from_the_environment_guards_the_app(tiny_app_config):
+    process, port = run_app("--preset", "tiny", "--config", str(tiny_app_config),
+                            env={app.AUTH_ENV: "ann:secret"})
+    try:
+        wait_for_line(process, "Running on local URL")
+        url = f"http://127.0.0.1:{port}/"
+        with pytest.raises(Exception):
+            Client(url, verbose=False)
+        final = outputs(send(Client(url, auth=("ann", "secret"), verbose=False), "hi"))
+        assert token_spans(final["chat"][1])
+    finally:
+        process.terminate()
+        process.wait(30)
