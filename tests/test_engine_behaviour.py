@@ -1,0 +1,177 @@
+"""Cache rollback, stops, clamping, draft-length bounds, vocabularies and bad input."""
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from tests.tiny_models import perturbed_copy, tiny_llama, tiny_qwen2
+
+PROMPT = "Once upon a time, in a land far away, there lived"
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(smol_tokenizer):
+    return smol_tokenizer(PROMPT)["input_ids"]
+
+
+def greedy(n=24, **kw):
+    return SamplingParams(max_new_tokens=n, **kw)
+
+
+def test_cache_rollback_keeps_exact_state(target, smol_tokenizer, prompt_ids):
+    """At every round the target cache holds exactly the context minus its last token, and the
+    logits it gives for the next position equal an uncached forward over the whole context."""
+    draft = perturbed_copy(target, noise=0.1, seed=3)  # rejects now and then
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(draft), draft_length=4)
+    context = list(prompt_ids)
+    checks = []
+    original_verify = engine._verify
+
+    def checked_verify(runner, last_token, draft_tokens):
+        logits = original_verify(runner, last_token, draft_tokens)
+        with torch.no_grad():
+            fresh = target(torch.tensor([context])).logits[0, -1]
+        checks.append((runner.length - len(draft_tokens) - 1 == len(context) - 1,
+                       torch.allclose(logits[0], fresh, atol=1e-4)))
+        return logits
+
+    engine._verify = checked_verify
+    for event in engine.stream(prompt_ids, greedy(30)):
+        context.append(event.token_id)
+    assert engine.stats.accepted_tokens < engine.stats.drafted_tokens, "no rejection was exercised"
+    assert len(checks) == engine.stats.target_forwards - 1 and all(a and b for a, b in checks)
+
+
+def test_eos_inside_accepted_draft_ends_output_there(target, smol_tokenizer, prompt_ids):
+    baseline = SpeculativeEngine(target, smol_tokenizer).generate(prompt_ids, greedy(24)).token_ids
+    stop_at = next(i for i in range(4, 24) if baseline[i] not in baseline[:i])
+    eos_target = copy.deepcopy(target)
+    eos_target.generation_config.eos_token_id = baseline[stop_at]
+    # The target drafting for itself accepts everything, so the EOS arrives inside a draft.
+    engine = SpeculativeEngine(eos_target, smol_tokenizer, drafter=ModelDrafter(eos_target), draft_length=8,
+                               adaptive=False)
+    result = engine.generate(prompt_ids, greedy(24))
+    assert result.token_ids == baseline[: stop_at + 1]
+    assert result.sources[-1] == "draft"
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 7, 9])
+def test_max_new_tokens_is_never_exceeded(target, smol_tokenizer, prompt_ids, limit):
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(target), draft_length=8)
+    result = engine.generate(prompt_ids, greedy(limit))
+    assert len(result.token_ids) == limit == result.stats.new_tokens
+
+
+def test_stop_string_ends_the_reply(target, smol_tokenizer, prompt_ids):
+    full = SpeculativeEngine(target, smol_tokenizer).generate(prompt_ids, greedy(24)).text
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert stop.strip(), "the reply needs visible text to pick a stop string from"
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter(), stop_strings=[stop])
+    text = engine.generate(prompt_ids, greedy(24)).text
+    assert stop in text and full.startswith(text) and len(text) < len(full)
+
+
+def test_adaptive_draft_length_stays_within_bounds(target, smol_tokenizer, prompt_ids):
+    always_right = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(target))
+    stats = always_right.generate(prompt_ids, greedy(60)).stats
+    assert stats.draft_length == 8 and len(stats.drafted_by_position) == 8
+
+    always_wrong = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(tiny_llama(seed=9)))
+    stats = always_wrong.generate(prompt_ids, greedy(30)).stats
+    assert stats.draft_length == 2 and max(stats.drafted_by_position) > 0
+
+    fixed = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(tiny_llama(seed=9)),
+                              draft_length=3, adaptive=False)
+    stats = fixed.generate(prompt_ids, greedy(30)).stats
+    assert stats.draft_length == 3 and len(stats.drafted_by_position) == 3
+
+
+def test_stats_add_up(target, smol_tokenizer, prompt_ids):
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(perturbed_copy(target, 0.05, 1)))
+    result = engine.generate(prompt_ids, greedy(30))
+    s = result.stats
+    assert s.new_tokens == 30 == len(result.sources)
+    assert s.accepted_tokens == result.sources.count("draft")
+    assert sum(s.accepted_by_position) == s.accepted_tokens and sum(s.drafted_by_position) == s.drafted_tokens
+    assert s.target_forwards == 1 + sum(1 for src in result.sources if src != "draft")
+    assert s.tokens_per_target_forward == pytest.approx(30 / s.target_forwards)
+    assert 0 < s.ttft_s <= s.wall_s and s.draft_s > 0 and s.verify_s > 0
+    assert s.tokens_per_second == pytest.approx(30 / s.wall_s)
+    assert set(s.as_dict()) >= {
+        "new_tokens", "target_forwards", "tokens_per_target_forward", "drafted_tokens", "accepted_tokens",
+        "acceptance_rate", "accepted_by_position", "drafted_by_position", "draft_length", "ttft_s",
+        "wall_s", "tokens_per_second", "draft_s", "verify_s",
+    }
+
+
+def test_stream_exposes_running_stats_and_stops_when_closed(target, smol_tokenizer, prompt_ids):
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter())
+    stream = engine.stream(prompt_ids, greedy(50))
+    seen = [engine.stats.new_tokens for _, _ in zip(range(5), stream)]
+    assert seen == [1, 2, 3, 4, 5] or seen[-1] >= 5
+    stream.close()
+    forwards = engine.stats.target_forwards
+    assert engine.stats.new_tokens < 50 and engine.stats.target_forwards == forwards
+
+
+def test_draft_with_a_differently_padded_vocabulary(smol_tokenizer, prompt_ids):
+    """Qwen2.5-7B and -0.5B pad their embeddings differently; the draft here has extra rows."""
+    target = tiny_qwen2(seed=0)
+    draft = tiny_qwen2(seed=0, vocab=target.config.vocab_size + 64)
+    with torch.no_grad():
+        draft.model.embed_tokens.weight[: target.config.vocab_size] = target.model.embed_tokens.weight
+    expected = SpeculativeEngine(target, smol_tokenizer).generate(prompt_ids, greedy(20)).token_ids
+    for params in (greedy(20), SamplingParams(temperature=1.0, max_new_tokens=20, seed=0)):
+        engine = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(draft))
+        result = engine.generate(prompt_ids, params)
+        assert all(t < target.config.vocab_size for t in result.token_ids)
+    assert SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(draft)).generate(
+        prompt_ids, greedy(20)).token_ids == expected
+
+
+def test_draft_with_another_tokenizer_is_refused(target, smol_tokenizer, tmp_path):
+    other = copy.deepcopy(smol_tokenizer)
+    other.add_tokens(["<totally-new-token>"])
+    draft = tiny_llama(seed=1)
+    draft.config.name_or_path = "tiny-draft"
+    target.config.name_or_path = "tiny-target"
+    with pytest.raises(ValueError, match="tiny-draft.*tiny-target"):
+        SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(draft, tokenizer=other))
+
+
+@pytest.mark.parametrize("bad, field", [([], "prompt"), (list(range(600)), "prompt")])
+def test_bad_prompts(target, smol_tokenizer, bad, field):
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter())
+    with pytest.raises(ValueError, match=field):
+        engine.generate(bad, greedy())
+
+
+def test_bad_draft_length(target, smol_tokenizer):
+    with pytest.raises(ValueError, match="draft_length"):
+        SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter(), draft_length=0)
+
+
+def test_text_pieces_add_up_to_the_decode(smol_tokenizer):
+    """Multi-byte characters span several byte-level tokens; the pieces must still add up."""
+    from specdec_core.detok import IncrementalDetokenizer
+
+    text = "Ünïcödé ✓ 東京タワー 🦙🚀 code:\n```py\nx = '<&>'\n```"
+    ids = smol_tokenizer(text)["input_ids"]
+    detok = IncrementalDetokenizer(smol_tokenizer)
+    pieces = [detok.push(i) for i in ids] + [detok.flush()]
+    assert "".join(pieces) == smol_tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert any(p == "" for p in pieces), "some character spans several tokens"
+
+
+def test_random_output_text_adds_up(target, smol_tokenizer, prompt_ids):
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(perturbed_copy(target, 0.05, 1)))
+    result = engine.generate(prompt_ids, SamplingParams(temperature=1.2, max_new_tokens=40, seed=4))
+    assert result.text == smol_tokenizer.decode(result.token_ids, skip_special_tokens=True)

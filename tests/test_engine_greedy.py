@@ -1,0 +1,81 @@
+"""Greedy speculative output is token-for-token the baseline's and Hugging Face generate()'s."""
+
+import itertools
+
+import pytest
+import torch
+
+from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from tests.tiny_models import perturbed_copy, tiny_llama, tiny_qwen2
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "def add(a, b):\n    return a + b\n\ndef",
+    "Translate to French: the cat sat on the mat.",
+]
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def family(request):
+    build = tiny_llama if request.param == "llama" else tiny_qwen2
+    target = build(seed=0)
+    return {
+        "target": target,
+        "often": perturbed_copy(target, noise=0.05, seed=1),  # agrees most of the time
+        "rarely": build(seed=2),  # an unrelated model: agrees by chance only
+    }
+
+
+@pytest.fixture(scope="module")
+def references(family, smol_tokenizer):
+    """Hugging Face greedy output for each prompt, the ground truth."""
+    outputs = {}
+    for prompt in PROMPTS:
+        ids = smol_tokenizer(prompt)["input_ids"]
+        generated = family["target"].generate(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS, do_sample=False,
+        )
+        outputs[prompt] = (ids, generated[0, len(ids):].tolist())
+    return outputs
+
+
+def make_drafter(kind, family):
+    return PromptLookupDrafter() if kind == "lookup" else ModelDrafter(family[kind])
+
+
+def test_baseline_equals_hf_generate(family, references, smol_tokenizer):
+    engine = SpeculativeEngine(family["target"], smol_tokenizer, drafter=None)
+    for prompt, (ids, expected) in references.items():
+        result = engine.generate(ids, SamplingParams(max_new_tokens=NEW_TOKENS))
+        assert result.token_ids == expected
+        assert set(result.sources) == {"target"}
+
+
+# 3 drafters x 4 draft lengths x adaptive on/off x 3 prompts x 2 families = 144 combinations.
+@pytest.mark.parametrize(
+    "drafter_kind, k, adaptive",
+    list(itertools.product(["lookup", "often", "rarely"], [1, 3, 5, 8], [True, False])),
+)
+def test_speculative_equals_hf_generate(family, references, smol_tokenizer, drafter_kind, k, adaptive):
+    engine = SpeculativeEngine(
+        family["target"], smol_tokenizer, drafter=make_drafter(drafter_kind, family),
+        draft_length=k, adaptive=adaptive,
+    )
+    for prompt, (ids, expected) in references.items():
+        result = engine.generate(ids, SamplingParams(max_new_tokens=NEW_TOKENS, seed=len(prompt)))
+        assert result.token_ids == expected, (drafter_kind, k, adaptive, prompt)
+        assert result.stats.new_tokens == len(expected)
+
+
+def test_drafts_are_really_used(family, references, smol_tokenizer):
+    """Guard against a vacuous identity: the agreeing draft is accepted, the unrelated one mostly not."""
+    ids, _ = references[PROMPTS[0]]
+    rates = {}
+    for kind in ("often", "rarely"):
+        engine = SpeculativeEngine(family["target"], smol_tokenizer, drafter=make_drafter(kind, family))
+        stats = engine.generate(ids, SamplingParams(max_new_tokens=NEW_TOKENS)).stats
+        rates[kind] = stats.acceptance_rate
+        assert stats.drafted_tokens > 0
+    assert rates["often"] > 0.5 > rates["rarely"]
