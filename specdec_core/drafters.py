@@ -63,9 +63,13 @@ class ModelDrafter(Drafter):
 
     name = "model"
 
-    def __init__(self, draft_model, tokenizer=None, min_confidence: float = 0.0) -> None:
-        """min_confidence: stop drafting early when the draft's top probability falls below it."""
+    def __init__(
+        self, draft_model, tokenizer=None, min_confidence: float = 0.0, make_runner=CachedModel
+    ) -> None:
+        """min_confidence: stop drafting early when the draft's top probability falls below it.
+        make_runner: builds the object that owns the draft's KV cache (see SpeculativeEngine)."""
         self.model = draft_model.eval()
+        self.make_runner = make_runner
         self.tokenizer = tokenizer
         self.min_confidence = min_confidence
         self._runner: CachedModel | None = None
@@ -84,7 +88,7 @@ class ModelDrafter(Drafter):
         self._target_device = target_model.device
 
     def reset(self, prompt_ids: list[int]) -> None:
-        self._runner = CachedModel(self.model)
+        self._runner = self.make_runner(self.model)
         self._proposed_from = self._fed_drafts = 0
 
     def propose(

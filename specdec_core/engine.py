@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -37,7 +37,10 @@ class SpeculativeEngine:
         draft_length: int = DEFAULT_DRAFT_LENGTH,
         adaptive: bool = True,
         stop_strings: Iterable[str] = (),
+        make_runner: Callable[[object], CachedModel] = CachedModel,
     ) -> None:
+        """make_runner: builds the object that owns the target's KV cache for one generation
+        (CachedModel, or a static-cache runner with the same forward/crop/length interface)."""
         DraftLengthPolicy(draft_length, adaptive)  # validates draft_length
         self.target_model = target_model.eval()
         self.tokenizer = tokenizer
@@ -46,6 +49,7 @@ class SpeculativeEngine:
         self.draft_length = draft_length
         self.adaptive = adaptive
         self.stop_strings = tuple(stop_strings)
+        self.make_runner = make_runner
         self.eos_ids = eos_token_ids(tokenizer, self.target_model)
         self.context_limit = context_limit(self.target_model)
         self.stats = Stats(draft_length=draft_length)
@@ -76,7 +80,7 @@ class SpeculativeEngine:
         generator = make_generator(params.seed, self.target_model.device)
         policy = DraftLengthPolicy(self.draft_length, self.adaptive)
         stats = self.stats = Stats(draft_length=policy.k)
-        target = CachedModel(self.target_model)
+        target = self.make_runner(self.target_model)
         clock = _EngineClock()
         try:
             with _timed(stats, "verify_s"):
