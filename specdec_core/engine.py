@@ -83,22 +83,24 @@ class SpeculativeEngine:
         target = self.make_runner(self.target_model)
         clock = _EngineClock()
         try:
-            with _timed(stats, "verify_s"):
-                self._prefill(target, context)
+            started = time.perf_counter()
+            self._prefill(target, context)
+            stats.verify_s += time.perf_counter() - started
             self.drafter.reset(context)
             round_number = 0
             while True:
                 round_number += 1
-                k = min(policy.k, output.remaining - 1)  # never draft past max_new_tokens
-                with _timed(stats, "draft_s"):
-                    draft = self.drafter.propose(context, k, params, generator) if k > 0 else Draft([])
-                with _timed(stats, "verify_s"):
-                    logits = self._verify(target, context[-1], draft.tokens)
-                    n, token = self._accept(logits, draft, params, generator)
+                k = policy.next_draft_length(room=output.remaining - 1)  # never past max_new_tokens
+                started = time.perf_counter()
+                draft = self.drafter.propose(context, k, params, generator) if k > 0 else Draft([])
+                drafted = time.perf_counter()
+                logits = self._verify(target, context[-1], draft.tokens)
+                n, token = self._accept(logits, draft, params, generator)
+                verified = time.perf_counter()
                 target.crop(len(context) + n)  # roll back: forget the rejected drafts
                 self.drafter.accepted(n)
-                policy.update(len(draft.tokens), n)
-                stats.record_round(len(draft.tokens), n)
+                policy.update(len(draft.tokens), n, drafted - started, verified - drafted)
+                stats.record_round(len(draft.tokens), n, drafted - started, verified - drafted)
                 stats.draft_length = policy.k
                 new_tokens = draft.tokens[:n] + [token]
                 for token_id, source in zip(new_tokens, _sources(len(draft.tokens), n)):
@@ -211,20 +213,6 @@ class _EngineClock:
 
     def resume(self) -> None:
         self._since = time.perf_counter()
-
-
-class _timed:
-    """Add the time spent in a `with` block to one of the stats' timers."""
-
-    def __init__(self, stats: Stats, field: str) -> None:
-        self._stats, self._field = stats, field
-
-    def __enter__(self) -> None:
-        self._start = time.perf_counter()
-
-    def __exit__(self, *exc) -> None:
-        spent = time.perf_counter() - self._start
-        setattr(self._stats, self._field, getattr(self._stats, self._field) + spent)
 
 
 def eos_token_ids(tokenizer, model) -> set[int]:

@@ -48,8 +48,10 @@ class Stats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
-    def record_round(self, drafted: int, accepted: int) -> None:
+    def record_round(self, drafted: int, accepted: int, draft_s: float = 0.0, verify_s: float = 0.0) -> None:
         """Count one verification round in which `drafted` tokens were proposed."""
+        self.draft_s += draft_s
+        self.verify_s += verify_s
         grow = drafted - len(self.drafted_by_position)
         if grow > 0:
             self.drafted_by_position.extend([0] * grow)

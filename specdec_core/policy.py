@@ -1,21 +1,67 @@
-"""How many tokens to draft next round."""
+"""How many tokens to draft next round, and whether drafting pays at all.
+
+Two layers:
+- the draft length k follows acceptance: a round with at least `raise_at` of its drafts
+  accepted raises k by one, one under `lower_below` lowers it by one, within [lowest, highest];
+- measured costs decide whether a round should draft: with the acceptance seen so far and the
+  measured draft and verify times, a round of k' <= k drafts must promise more tokens per second
+  than a plain decoding step. If none does, the engine decodes plainly and probes again later,
+  backing off while speculation keeps not paying. Speculation so never loses much where it
+  can't win (no prompt-lookup match, a poor or slow draft model).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_DRAFT_LENGTH = 5
 MIN_DRAFT_LENGTH = 2
 MAX_DRAFT_LENGTH = 8
 
+_SMOOTHING = 0.25  # weight of the newest sample in the running averages
+_MAX_BACKOFF = 32  # at most this many plain rounds between probes
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens a round of k drafts yields on average: (1 - a^(k+1)) / (1 - a) (Leviathan et al.)."""
+    if acceptance >= 1.0:
+        return k + 1.0
+    return (1 - acceptance ** (k + 1)) / (1 - acceptance)
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else (1 - _SMOOTHING) * old + _SMOOTHING * new
+
+
+@dataclass
+class StepCosts:
+    """Running averages of measured times: target forwards by token count, drafting per token."""
+
+    target_s: dict[int, float] = field(default_factory=dict)  # tokens in the forward -> seconds
+    draft_s_per_token: float | None = None
+
+    def record_target(self, tokens: int, seconds: float) -> None:
+        self.target_s[tokens] = _average(self.target_s.get(tokens), seconds)
+
+    def record_draft(self, tokens: int, seconds: float) -> None:
+        if tokens:
+            self.draft_s_per_token = _average(self.draft_s_per_token, seconds / tokens)
+
+    def target(self, tokens: int) -> float | None:
+        """Time of a target forward over `tokens` tokens: measured, else a line through the others."""
+        if tokens in self.target_s:
+            return self.target_s[tokens]
+        if len(self.target_s) < 2:
+            return None
+        sizes = sorted(self.target_s)
+        lo, hi = sizes[0], sizes[-1]
+        slope = max((self.target_s[hi] - self.target_s[lo]) / (hi - lo), 0.0)
+        return max(self.target_s[lo] + slope * (tokens - lo), 0.0)
+
 
 @dataclass
 class DraftLengthPolicy:
-    """Adaptive k: high acceptance drafts one more next time, low acceptance one fewer.
-
-    A round in which at least `raise_at` of the drafts were accepted raises k by one; under
-    `lower_below` it lowers k by one; k stays within [lowest, highest]. Not adaptive: k is fixed.
-    """
+    """Adaptive k (see the module docstring). Not adaptive: k is fixed and every round drafts."""
 
     k: int = DEFAULT_DRAFT_LENGTH
     adaptive: bool = True
@@ -23,6 +69,10 @@ class DraftLengthPolicy:
     highest: int = MAX_DRAFT_LENGTH
     raise_at: float = 0.8
     lower_below: float = 0.4
+    costs: StepCosts = field(default_factory=StepCosts)
+    acceptance: float | None = None  # running per-token acceptance estimate
+    _plain_rounds_left: int = 0
+    _backoff: int = 1
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -30,12 +80,49 @@ class DraftLengthPolicy:
         # A k the caller asks for explicitly is always reachable.
         self.lowest, self.highest = min(self.lowest, self.k), max(self.highest, self.k)
 
-    def update(self, drafted: int, accepted: int) -> None:
-        """Learn from one round."""
+    def next_draft_length(self, room: int) -> int:
+        """Drafts to ask for this round (0: a plain step); `room` caps it (max_new_tokens)."""
+        if room <= 0:
+            return 0
+        if not self.adaptive:
+            return min(self.k, room)
+        if self.costs.target(1) is None:
+            return 0  # calibrate: one plain step measures what speculation must beat
+        if self._plain_rounds_left > 0:
+            self._plain_rounds_left -= 1
+            return 0
+        best = self._best_paying_length(min(self.k, room))
+        if best == 0:  # not paying now: decode plainly for a while, then probe again
+            self._plain_rounds_left = self._backoff
+            self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
+        return best
+
+    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """Learn from one round: its acceptance and its measured costs."""
+        self.costs.record_target(drafted + 1, verify_s)
+        self.costs.record_draft(drafted, draft_s)
         if not self.adaptive or drafted == 0:
             return
         rate = accepted / drafted
+        self.acceptance = _average(self.acceptance, rate)
         if rate >= self.raise_at:
             self.k = min(self.k + 1, self.highest)
         elif rate < self.lower_below:
             self.k = max(self.k - 1, self.lowest)
+
+    def _best_paying_length(self, k_max: int) -> int:
+        """The k' in [lowest, k_max] with the best expected tokens per second, if that beats plain."""
+        if self.acceptance is None or self.costs.draft_s_per_token is None:
+            return k_max  # nothing measured yet: try speculation
+        plain_rate = 1.0 / self.costs.target(1)
+        best, best_rate = 0, plain_rate
+        for k in range(min(self.lowest, k_max), k_max + 1):
+            verify = self.costs.target(k + 1)
+            if verify is None:
+                return k_max  # this size was never measured: try it
+            rate = expected_tokens(self.acceptance, k) / (k * self.costs.draft_s_per_token + verify)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        if best:
+            self._backoff = 1
+        return best

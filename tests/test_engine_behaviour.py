@@ -79,19 +79,37 @@ def test_stop_string_ends_the_reply(target, smol_tokenizer, prompt_ids):
     assert stop in text and full.startswith(text) and len(text) < len(full)
 
 
-def test_adaptive_draft_length_stays_within_bounds(target, smol_tokenizer, prompt_ids):
-    always_right = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(target))
-    stats = always_right.generate(prompt_ids, greedy(60)).stats
-    assert stats.draft_length == 8 and len(stats.drafted_by_position) == 8
-
-    always_wrong = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(tiny_llama(seed=9)))
-    stats = always_wrong.generate(prompt_ids, greedy(30)).stats
-    assert stats.draft_length == 2 and max(stats.drafted_by_position) > 0
-
+def test_fixed_draft_length_drafts_every_round(target, smol_tokenizer, prompt_ids):
     fixed = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(tiny_llama(seed=9)),
                               draft_length=3, adaptive=False)
-    stats = fixed.generate(prompt_ids, greedy(30)).stats
-    assert stats.draft_length == 3 and len(stats.drafted_by_position) == 3
+    result = fixed.generate(prompt_ids, greedy(30))
+    assert result.stats.draft_length == 3 and len(result.stats.drafted_by_position) == 3
+    assert "target" not in result.sources[:-1]  # every round drafted (only the last may be clamped)
+
+
+class SlowDrafter(PromptLookupDrafter):
+    """Proposes junk slowly: speculation can't pay, so the engine must stop asking it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def propose(self, context, k, params, generator):
+        import time
+
+        self.calls += 1
+        time.sleep(0.02)
+        from specdec_core import Draft
+        return Draft([(context[-1] + 1 + i) % 1000 for i in range(k)])
+
+
+def test_engine_falls_back_to_plain_decoding_when_drafting_does_not_pay(target, smol_tokenizer, prompt_ids):
+    drafter = SlowDrafter()
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter)
+    result = engine.generate(prompt_ids, greedy(60))
+    rounds = engine.stats.target_forwards - 1
+    assert rounds >= 50 and drafter.calls <= 8, f"asked the drafter {drafter.calls} times in {rounds} rounds"
+    assert result.token_ids == SpeculativeEngine(target, smol_tokenizer).generate(prompt_ids, greedy(60)).token_ids
 
 
 def test_stats_add_up(target, smol_tokenizer, prompt_ids):

@@ -1,0 +1,74 @@
+"""The draft-length rule and the cost gate, with synthetic measurements."""
+
+import pytest
+
+from specdec_core.policy import DraftLengthPolicy, StepCosts, expected_tokens
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_rule_raises_and_lowers_within_bounds():
+    policy = DraftLengthPolicy(k=5)
+    for _ in range(10):
+        policy.update(drafted=policy.k, accepted=policy.k, draft_s=0.0, verify_s=0.01)
+    assert policy.k == 8
+    for _ in range(10):
+        policy.update(drafted=policy.k, accepted=0, draft_s=0.0, verify_s=0.01)
+    assert policy.k == 2
+    policy.update(drafted=5, accepted=3, draft_s=0.0, verify_s=0.01)  # 0.6: in between, k stays
+    assert policy.k == 2
+
+
+def test_explicit_k_outside_default_bounds_is_kept():
+    assert DraftLengthPolicy(k=1, adaptive=False).next_draft_length(room=10) == 1
+    assert DraftLengthPolicy(k=12).highest == 12
+    with pytest.raises(ValueError, match="draft_length"):
+        DraftLengthPolicy(k=0)
+
+
+def calibrated(acceptance, draft_per_token, step=0.010, per_extra_token=0.001, k=5):
+    policy = DraftLengthPolicy(k=k)
+    policy.costs = StepCosts(target_s={n: step + per_extra_token * (n - 1) for n in range(1, 12)},
+                             draft_s_per_token=draft_per_token)
+    policy.acceptance = acceptance
+    return policy
+
+
+def test_first_round_is_a_plain_calibration_step():
+    assert DraftLengthPolicy(k=5).next_draft_length(room=10) == 0
+
+
+def test_drafts_when_it_pays():
+    assert calibrated(acceptance=0.8, draft_per_token=0.0).next_draft_length(room=10) == 5
+
+
+def test_falls_back_and_probes_again_with_backoff():
+    policy = calibrated(acceptance=0.7, draft_per_token=0.009)  # draft step costs 0.9 target steps
+    choices = [policy.next_draft_length(room=100) for _ in range(12)]
+    # 0 (gate), 1 plain, probe 0 -> 2 plain, probe 0 -> 4 plain ...: probes get rarer
+    assert all(c == 0 for c in choices)
+    assert policy._backoff >= 8
+    policy.acceptance, policy.costs.draft_s_per_token = 0.9, 0.0  # speculation pays again
+    while (k := policy.next_draft_length(room=100)) == 0:
+        pass
+    assert k == 5 and policy._backoff == 1
+
+
+def test_prefers_a_shorter_draft_when_only_that_pays():
+    policy = calibrated(acceptance=0.5, draft_per_token=0.0, per_extra_token=0.002, k=8)
+    assert 2 <= policy.next_draft_length(room=100) < 8
+
+
+def test_room_caps_the_draft():
+    assert calibrated(acceptance=0.9, draft_per_token=0.0).next_draft_length(room=2) == 2
+    assert calibrated(acceptance=0.9, draft_per_token=0.0).next_draft_length(room=0) == 0
+
+
+def test_costs_interpolate_unmeasured_sizes():
+    costs = StepCosts(target_s={1: 0.010, 5: 0.014})
+    assert costs.target(3) == pytest.approx(0.012)
+    assert StepCosts(target_s={1: 0.01}).target(4) is None
