@@ -77,7 +77,8 @@ def run_generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
     )
-    models = load_preset(args.preset, args.config)
+    # Only drafter "model" needs the draft; skipping it saves its load time and memory.
+    models = load_preset(args.preset, args.config, load_draft=args.drafter in (None, "model"))
     _inform(f"preset: {models.preset.name}", *models.notes, models.describe())
     engine = models.make_engine(
         drafter=args.drafter,

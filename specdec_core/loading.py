@@ -109,15 +109,15 @@ class LoadedModels:
         if kind == "prompt_lookup":
             return PromptLookupDrafter()
         if self.draft is None:
-            raise LoadError(
-                f"preset {self.preset.name} has no draft model: use drafter prompt_lookup or none"
-            )
+            missing = "has no draft model" if self.preset.draft is None else "was loaded without its draft model"
+            raise LoadError(f"preset {self.preset.name} {missing}: use drafter prompt_lookup or none")
         return ModelDrafter(self.draft, tokenizer=self.draft_tokenizer)
 
 
-def load_preset(name: str = AUTO, config_path=None) -> LoadedModels:
+def load_preset(name: str = AUTO, config_path=None, *, load_draft: bool = True) -> LoadedModels:
     """Load a preset by name ("auto" picks one for this machine; see models.yaml).
 
+    load_draft=False skips the draft model (faster, for runs that won't use drafter "model").
     Raises ConfigError for an invalid file and LoadError (one line) for everything that
     stops the models from loading.
     """
@@ -127,27 +127,23 @@ def load_preset(name: str = AUTO, config_path=None) -> LoadedModels:
         name, notes = choose_auto_preset(config)
     preset = _find_preset(config, name)
     cuda = torch.cuda.is_available()
-    if preset.requires_gpu and not cuda:
-        notes.append(f"{preset.name} is meant for a GPU and there is none: it runs on the CPU, slowly")
-    if preset.trust_remote_code:
-        notes.append(f"preset {preset.name} runs code shipped with its models (trust_remote_code: true)")
+    notes += _preset_notes(preset, cuda)
 
     # Tokenizers first: a mismatched pair fails before any weights load.
-    target_source = _resolve(preset.target)
-    tokenizer = _load_tokenizer(preset.target, target_source, preset.trust_remote_code)
+    target_source, tokenizer = _source_and_tokenizer(preset.target, preset)
+    draft_spec = preset.draft if load_draft else None
     draft_source = draft_tokenizer = None
-    if preset.draft is not None:
-        draft_source = _resolve(preset.draft)
-        draft_tokenizer = _load_tokenizer(preset.draft, draft_source, preset.trust_remote_code)
-        check_same_tokenizer(tokenizer, draft_tokenizer, preset.target.label, preset.draft.label)
+    if draft_spec is not None:
+        draft_source, draft_tokenizer = _source_and_tokenizer(draft_spec, preset)
+        check_same_tokenizer(tokenizer, draft_tokenizer, preset.target.label, draft_spec.label)
 
     dtype = resolve_dtype(preset.dtype, cuda)
-    draft, draft_info = None, []
-    if preset.draft is not None:  # first, so the target's device_map="auto" sees it on GPU 0
+    draft, info = None, []
+    if draft_spec is not None:  # first, so the target's device_map="auto" sees it on GPU 0
         quantization, note = draft_quantization(preset.draft_quantization, cuda)
         notes += [note] if note else []
-        draft, info = _load_model(preset, "draft", draft_source, dtype, quantization, cuda)
-        draft_info = [info]
+        draft, draft_info = _load_model(preset, "draft", draft_source, dtype, quantization, cuda)
+        info.append(draft_info)
     target, target_info = _load_model(preset, "target", target_source, dtype, None, cuda)
     notes += _offload_notes(target)
     return LoadedModels(
@@ -155,10 +151,19 @@ def load_preset(name: str = AUTO, config_path=None) -> LoadedModels:
         tokenizer=tokenizer,
         target=target,
         draft=draft,
-        info=[target_info, *draft_info],
+        info=[target_info, *info],
         notes=notes,
         draft_tokenizer=draft_tokenizer,
     )
+
+
+def _preset_notes(preset: Preset, cuda: bool) -> list[str]:
+    notes = []
+    if preset.requires_gpu and not cuda:
+        notes.append(f"{preset.name} is meant for a GPU and there is none: it runs on the CPU, slowly")
+    if preset.trust_remote_code:
+        notes.append(f"preset {preset.name} runs code shipped with its models (trust_remote_code: true)")
+    return notes
 
 
 def unload(models: LoadedModels) -> None:
@@ -276,18 +281,16 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str, dr
     )
 
 
-def _resolve(spec: ModelSpec) -> ResolvedSource:
-    with load_errors(spec.label):
-        return resolve(spec)
-
-
-def _load_tokenizer(spec: ModelSpec, source: ResolvedSource, trust_remote_code: bool):
+def _source_and_tokenizer(spec: ModelSpec, preset: Preset):
+    """Make the model loadable (download check, GGUF conversion) and load its tokenizer."""
     from transformers import AutoTokenizer
 
     with load_errors(spec.label):
-        return AutoTokenizer.from_pretrained(
-            source.path, local_files_only=source.local_files_only, trust_remote_code=trust_remote_code
+        source = resolve(spec)
+        tokenizer = AutoTokenizer.from_pretrained(
+            source.path, local_files_only=source.local_files_only, trust_remote_code=preset.trust_remote_code
         )
+    return source, tokenizer
 
 
 def _load_model(

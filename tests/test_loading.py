@@ -279,3 +279,10 @@ def test_chat_prompt_ids_system_prompt_replaces_the_default(smollm2_local):
     assert custom.endswith("<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="empty"):
         chat_prompt_ids(tokenizer, [])
+
+
+def test_loading_without_the_draft(tiny_presets):
+    models = load_preset("tiny", tiny_presets.config, load_draft=False)
+    assert models.draft is None and [info.role for info in models.info] == ["target"]
+    with pytest.raises(LoadError, match="without its draft model"):
+        models.make_engine(drafter="model")
