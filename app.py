@@ -221,10 +221,13 @@ def build_ui(preset: str = "auto", config_path: str | None = None, max_new_token
                 models_md = gr.Markdown(R.models_markdown(None), elem_id="models")
         with gr.Accordion("Settings", open=True):
             with gr.Row():
-                preset_menu = gr.Dropdown(["auto", *presets], value=preset, label="Preset", elem_id="preset")
+                preset_menu = gr.Dropdown(_preset_choices(presets), value=preset, label="Preset",
+                                          elem_id="preset")
                 drafter = gr.Dropdown(DRAFTERS, value=start.drafter if start and start.drafter in
                                       ("model", "prompt_lookup") else "prompt_lookup",
-                                      label="Drafter", elem_id="drafter")
+                                      label="Drafter", elem_id="drafter",
+                                      info="A 4-bit draft model saves memory, not time: on GPUs nf4 "
+                                           "is slower per token than bf16.")
                 draft_length = gr.Slider(1, 16, value=start.draft_length if start else 5, step=1,
                                          label="Draft length (start value when adaptive)", elem_id="draft-length")
                 adaptive = gr.Checkbox(start.adaptive if start else True, label="Adaptive draft length",
@@ -276,7 +279,9 @@ def build_ui(preset: str = "auto", config_path: str | None = None, max_new_token
             msg.submit(respond, [msg, turns, *controls], outputs, api_name=False, concurrency_id=DEVICE),
             retry.click(retry_last, [turns, *controls], outputs, api_name="retry", concurrency_id=DEVICE),
         ]
-        stop.click(None, None, None, cancels=chat_events)
+        # Cancelling closes the generator, which closes the engine's stream: no work goes on.
+        # queue=False: the stop must not wait behind the generation it stops.
+        stop.click(R.stopped_markdown, stats, stats, cancels=chat_events, api_name=False, queue=False)
         clear.click(clear_all, None, outputs, cancels=chat_events, api_name="clear")
         preset_outputs = [models_md, preset_menu, drafter, draft_length, adaptive]
         preset_menu.input(change_preset, preset_menu, preset_outputs, api_name="load_preset",
@@ -290,7 +295,18 @@ def build_ui(preset: str = "auto", config_path: str | None = None, max_new_token
 
 
 def _models_text(holder: ModelHolder) -> str:
-    return R.models_markdown(holder.models.describe() if holder.models else None)
+    return _describe(holder.models) if holder.models else R.models_markdown(None)
+
+
+def _describe(models: LoadedModels) -> str:
+    return R.models_markdown(models.describe(), models.notes)
+
+
+def _preset_choices(presets: dict) -> list[tuple[str, str]]:
+    """Menu entries: the name and what running it takes (offline / download / memory)."""
+    return [("auto (the best preset this machine can run)", "auto")] + [
+        (f"{name} ({preset.needs()})", name) for name, preset in presets.items()
+    ]
 
 
 def _preset_controls(models: LoadedModels) -> tuple:
@@ -299,7 +315,7 @@ def _preset_controls(models: LoadedModels) -> tuple:
     drafter = preset.drafter if preset.drafter in ("model", "prompt_lookup") else "prompt_lookup"
     if drafter == "model" and models.draft is None:
         drafter = "prompt_lookup"
-    return (R.models_markdown(models.describe()), preset.name, drafter, preset.draft_length, preset.adaptive)
+    return (_describe(models), preset.name, drafter, preset.draft_length, preset.adaptive)
 
 
 def _guarded(message: str, history: list, settings: Settings, run: Callable[[], Iterator[View]]) -> Iterator[View]:
@@ -326,7 +342,7 @@ def _chat(holder: ModelHolder, message: str, history: list, settings: Settings) 
     models = holder.get(settings.preset)
     params = settings.sampling()
     prompt_ids = checked_prompt(models, turns)
-    models_text = R.models_markdown(models.describe())
+    models_text = _describe(models)
 
     def view(stats_text, plot, speedup_text) -> View:
         return View("", R.chat_view(turns), R.chat_view(turns, "baseline"), turns, stats_text, plot,

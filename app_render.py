@@ -119,7 +119,7 @@ def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
     """
     if not stats:
         return f"**{mode}** · waiting for a message"
-    state = "done" if done else "generating…"
+    state = "done" if done else GENERATING
     rows = [("Tokens/s", f"{stats.get('tokens_per_second', 0.0):.1f}")]
     drafted = stats.get("drafted_tokens", 0)
     if mode != "baseline":
@@ -134,6 +134,14 @@ def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
     header = f"**{mode}** · {stats.get('new_tokens', 0)} tokens · {state}"
     return f"{header}\n\n| figure | value |\n|---|---|\n{table}"
+
+
+GENERATING = "generating…"
+
+
+def stopped_markdown(panel: str) -> str:
+    """The panel after Stop: the last numbers stay, marked stopped instead of generating."""
+    return panel.replace(GENERATING, "stopped", 1)
 
 
 def _time_split(stats: Mapping) -> str:
@@ -178,10 +186,13 @@ def speedup_markdown(spec: Mapping | None, base: Mapping | None, identical: bool
     return line + (" · outputs identical ✓" if identical else " · outputs DIFFER ✗")
 
 
-def models_markdown(description: str | None) -> str:
-    """The loaded models (LoadedModels.describe(): one line per model) as a markdown list."""
+def models_markdown(description: str | None, notes: Sequence[str] = ()) -> str:
+    """The loaded models (LoadedModels.describe(): one line per model) and the loader's notes."""
     if not description:
         return "Models: not loaded yet (they load with the first message or the preset menu)."
     lines = [line.strip() for line in description.splitlines() if line.strip()]
     # Code spans keep names like Qwen2_5 or *-Instruct from turning into markdown emphasis.
-    return "**Models**\n\n" + "\n".join("- `" + line.replace("`", "'") + "`" for line in lines)
+    text = "**Models**\n\n" + "\n".join("- `" + line.replace("`", "'") + "`" for line in lines)
+    if notes:
+        text += "\n\n" + "\n".join(f"- note: {html.escape(note)}" for note in notes)
+    return text

@@ -127,6 +127,15 @@ def test_baseline_panel_has_speed_but_no_acceptance():
     assert "Acceptance" not in text
 
 
+def test_stop_marks_the_panel_and_keeps_the_numbers():
+    live = R.stats_markdown(STATS, "baseline")
+    stopped = R.stopped_markdown(live)
+    assert "stopped" in stopped and "generating" not in stopped
+    assert stopped.replace("stopped", R.GENERATING) == live
+    done = R.stats_markdown(STATS, "baseline", done=True)
+    assert R.stopped_markdown(done) == done
+
+
 def test_empty_stats_say_waiting():
     assert "waiting" in R.stats_markdown(None, "baseline")
 
@@ -157,6 +166,8 @@ def test_models_text_is_one_code_line_per_model():
     assert text.count("\n- `") == 2
     assert "`target: Qwen2_5 *Instruct* 1.5B, 3.1 GB`" in text
     assert "not loaded" in R.models_markdown(None)
+    noted = R.models_markdown("target: t", notes=["auto picked <tiny>"])
+    assert "- note: auto picked &lt;tiny&gt;" in noted
 
 
 def test_render_module_does_not_import_torch():

@@ -1,0 +1,209 @@
+"""A real headless browser (playwright driving Debian's chromium) using the chat app.
+
+Type, send, see coloured token spans and live stats; toggle the baseline; run side by side and
+see the speedup; Stop; save a screenshot. Under CI=true a missing chromium or playwright fails.
+
+The same flow makes the README's screenshot on the real offline model:
+    python -m tests.test_browser --screenshot docs/screenshot.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+import app_render as R
+from tests.tiny_models import require
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+LAUNCH_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
+LAST_REPLY = '#chat [data-testid="bot"] >> nth=-1'
+TIMEOUT_MS = 180_000  # a real model's first message also loads it
+
+
+def rgb(hex_colour: str) -> str:
+    """#rrggbb -> the rgb(r, g, b) string computed styles use."""
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+def set_number(page, elem_id: str, value: int | float) -> None:
+    field = page.locator(f"#{elem_id} input[type=number]")
+    field.fill(str(value))
+    field.press("Enter")
+
+
+def send_and_wait(page, message: str) -> None:
+    """Send a message and wait until the reply is complete (the panel says done)."""
+    page.fill("#msg textarea", message)
+    page.click("#send")
+    page.wait_for_function(
+        "() => document.querySelector('#msg textarea').value === ''", timeout=TIMEOUT_MS)
+    page.wait_for_function(
+        "() => /· done/.test(document.querySelector('#stats-text').innerText)", timeout=TIMEOUT_MS)
+
+
+def reply_spans(page) -> list[dict]:
+    """class, computed background colour and exact text of each token span of the last reply."""
+    return page.locator(LAST_REPLY).locator(".tok").evaluate_all(
+        "spans => spans.map(s => ({cls: s.className, bg: getComputedStyle(s).backgroundColor,"
+        " text: s.textContent}))")
+
+
+def check_spans(spans: list[dict], sources: set[str] | None = None) -> str:
+    """Every span is `tok tok-SOURCE` in its source's colour; returns the reply text."""
+    assert spans, "no coloured token spans in the reply"
+    for span in spans:
+        classes = span["cls"].split()
+        assert classes[0] == "tok" and len(classes) == 2 and classes[1].startswith("tok-"), span
+        source = classes[1].removeprefix("tok-")
+        assert span["bg"] == rgb(R.SOURCE_COLOURS[source]), span
+        if sources is not None:
+            assert source in sources, span
+    return "".join(span["text"] for span in spans)
+
+
+def browser_flow(page, url: str, shots: Path, message: str, max_new_tokens: int | None = None,
+                 drafter: str | None = None, expected_reply: str | None = None) -> None:
+    """The user's path through the app, checking what they see at each step."""
+    page.goto(url)
+    page.wait_for_selector("#msg textarea")
+    # The legend explains every colour.
+    legend = page.locator("#legend").inner_text()
+    assert all(source in legend for source in R.SOURCES)
+    if max_new_tokens:
+        set_number(page, "max-new-tokens", max_new_tokens)
+    if drafter:
+        page.locator("#drafter input").click()
+        page.get_by_role("option", name=drafter).click()
+
+    # 1. Speculative reply: stats go live while it streams, then stay with the final numbers.
+    page.fill("#msg textarea", message)
+    page.click("#send")
+    page.wait_for_function(
+        "() => { const t = document.querySelector('#stats-text').innerText;"
+        " return t.includes('generating') && t.includes('Tokens/s'); }", timeout=TIMEOUT_MS)
+    page.wait_for_function(
+        "() => /· done/.test(document.querySelector('#stats-text').innerText)", timeout=TIMEOUT_MS)
+    text = check_spans(reply_spans(page))
+    if expected_reply is not None:
+        assert text == expected_reply  # exactly what the engine generated, in the real browser
+    stats = page.inner_text("#stats")
+    for figure in ("Tokens/s", "Acceptance rate", "Tokens per target forward", "Time to first token",
+                   "Time drafting / verifying", "Models"):
+        assert figure in stats
+
+    # 2. Baseline: the neutral colour only, and no acceptance figures.
+    page.locator("#baseline input").check()
+    send_and_wait(page, message)
+    check_spans(reply_spans(page), sources={"target"})
+    assert "baseline" in page.inner_text("#stats-text") and "Acceptance" not in page.inner_text("#stats-text")
+    page.locator("#baseline input").uncheck()
+
+    # 3. Side by side: baseline pane, speculative pane, and the speedup figure.
+    page.locator("#compare input").check()
+    page.wait_for_selector("#chat-baseline", state="visible")
+    send_and_wait(page, message)
+    page.wait_for_function(
+        "() => /Speedup: \\d+\\.\\d\\d×/.test(document.querySelector('#speedup').innerText)",
+        timeout=TIMEOUT_MS)
+    assert "identical ✓" in page.inner_text("#speedup")
+    base_text = check_spans(
+        page.locator('#chat-baseline [data-testid="bot"] >> nth=-1').locator(".tok").evaluate_all(
+            "spans => spans.map(s => ({cls: s.className, bg: getComputedStyle(s).backgroundColor,"
+            " text: s.textContent}))"),
+        sources={"target"})
+    assert base_text == check_spans(reply_spans(page))  # greedy: the same text, only faster or not
+    page.screenshot(path=str(shots / "side-by-side.png"), full_page=True)
+
+
+def stop_flow(page, shots: Path) -> None:
+    """Clear, then stop a long reply mid-way; the panel says stopped and the next message works."""
+    page.click("#clear")  # the tiny models read 512 tokens: start a fresh conversation
+    page.wait_for_function("() => !document.querySelector('#chat .tok')", timeout=10_000)
+    page.locator("#compare input").uncheck()
+    set_number(page, "max-new-tokens", 450)
+    page.fill("#msg textarea", "Keep going for a long time")
+    page.click("#send")
+    page.wait_for_function(
+        "() => document.querySelector('#stats-text').innerText.includes('generating')", timeout=TIMEOUT_MS)
+    page.click("#stop")
+    page.wait_for_function(
+        "() => document.querySelector('#stats-text').innerText.includes('stopped')", timeout=10_000)
+    stopped_at = re.search(r"(\d+) tokens", page.inner_text("#stats-text")).group(1)
+    assert int(stopped_at) < 450
+    set_number(page, "max-new-tokens", 16)
+    send_and_wait(page, "Short one now")
+    check_spans(reply_spans(page))
+    page.screenshot(path=str(shots / "after-stop.png"), full_page=True)
+
+
+def launch_browser(playwright):
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    require(Path(CHROMIUM).exists(), f"chromium is not installed at {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        require(False, "playwright is not installed (pip install playwright)")
+    with sync_playwright() as playwright:
+        browser = launch_browser(playwright)
+        yield browser
+        browser.close()
+
+
+def test_chat_in_a_real_browser(app_server, browser, tmp_path):
+    from specdec_core import SamplingParams
+    from specdec_core.chat import chat_prompt_ids
+
+    message = "Say <b>hi</b> & list *three* things"
+    models = app_server.holder.get("tiny")
+    prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": message}])
+    expected = models.make_engine(drafter="none").generate(prompt, SamplingParams(max_new_tokens=120)).text
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    browser_flow(page, app_server.url, tmp_path, message, max_new_tokens=120, expected_reply=expected)
+    stop_flow(page, tmp_path)
+    assert (tmp_path / "side-by-side.png").stat().st_size > 10_000
+    page.close()
+
+
+def make_readme_screenshot(out: Path, preset: str) -> None:
+    """Run the flow on a real preset and keep the side-by-side view as the README's picture."""
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    import app
+    from tests.conftest import free_port
+
+    demo = app.build_ui(preset, max_new_tokens=96)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    message = ("Rewrite this function with type hints and a docstring:\n\n"
+               "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n"
+               "    return total / len(values)")
+    try:
+        with sync_playwright() as playwright, tempfile.TemporaryDirectory() as folder:
+            browser = launch_browser(playwright)
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            browser_flow(page, demo.local_url, Path(folder), message, max_new_tokens=96)
+            page.locator("#chat").scroll_into_view_if_needed()
+            shutil.copy(Path(folder) / "side-by-side.png", out)
+            browser.close()
+    finally:
+        demo.close()
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--screenshot", type=Path, required=True)
+    parser.add_argument("--preset", default="smollm2-135m-local")
+    options = parser.parse_args()
+    make_readme_screenshot(options.screenshot, options.preset)
