@@ -1,0 +1,325 @@
+"""The fast decode path: a preallocated (static) KV cache and compiled fixed-shape steps.
+
+In eager PyTorch a small model's decoding step costs Python and kernel-launch overhead, not
+arithmetic, which makes a draft model nearly as slow per token as its target (issue 6).
+Compiling the step with a static cache removes that overhead (CUDA graphs on a GPU), but only
+for shapes that never change. So:
+
+- The KV cache is preallocated up to `max_length` tokens (transformers' StaticCache) and never
+  moves. Its length is ours: rolling back after rejected drafts just lowers the position. The
+  rejected slots keep stale keys and values until the next step overwrites them; the causal
+  mask, built from the position, hides every slot at or beyond the current length.
+- Steps have fixed shapes: n new tokens run as a step of `bucket` tokens, the smallest of
+  `step_sizes` that holds n, padded with PAD_TOKEN. The default sizes are 1..9, one per verify
+  length k+1 the draft-length policy can choose, so nothing is padded. A padded token sits
+  after every real one, so causal attention keeps it out of the real tokens' logits; its
+  cache slot lies beyond the length and is overwritten later. Greedy output stays identical.
+- Inputs no step size holds (the prompt prefill, mostly) run eagerly on the same cache.
+- A sequence that outgrows `max_length` moves its cache into a DynamicCache and continues
+  eagerly: correct, just not compiled.
+
+`StaticSteps(model)` owns one model's cache and compiled steps, and compiles (warms up) every
+step shape when it is built, so the first reply is not slow. Calling it with the model returns
+a `StaticCacheRunner` with CachedModel's interface, so it is the `make_runner` hook of
+SpeculativeEngine and ModelDrafter. If compilation fails, it logs one line saying why and
+hands out eager CachedModel runners from then on (decode_path says which path is in use).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Iterable
+
+import torch
+from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
+
+from .policy import MAX_DRAFT_LENGTH
+from .runner import CachedModel
+
+logger = logging.getLogger(__name__)
+
+COMPILED_STATIC = "compiled static cache"
+EAGER_STATIC = "eager static cache"
+EAGER_DYNAMIC = "eager dynamic cache"
+
+PAD_TOKEN = 0  # any valid id: padded positions come after the real ones and are never read
+DEFAULT_STEP_SIZES = tuple(range(1, MAX_DRAFT_LENGTH + 2))  # a 1-token step and k+1 for k <= 8
+DRAFT_STEP_SIZES = (1, 2)  # a draft feeds 1 token per step, 2 after a fully accepted round
+_DEFAULT_MAX_LENGTH = {"cuda": 4096, "cpu": 2048}  # every step attends over all of it
+_MIN_RECOMPILE_LIMIT = 64  # one compiled graph per step shape and model
+
+
+def compile_by_default(device: torch.device | str) -> bool:
+    """The `compile: auto` rule: compiled static cache on CUDA, eager elsewhere."""
+    return torch.device(device).type == "cuda"
+
+
+def wants_compile(setting: bool | str, device: torch.device | str) -> bool:
+    """A preset's or flag's compile setting (true | false | "auto") for a model on `device`."""
+    if setting == "auto":
+        return compile_by_default(device)
+    if isinstance(setting, bool):
+        return setting
+    raise ValueError(f"compile must be true, false or 'auto', got {setting!r}")
+
+
+class StaticSteps:
+    """One model's preallocated KV cache and its compiled fixed-shape steps.
+
+    Call it with the model to get a runner for one generation (the make_runner hook). Runners
+    that are alive at the same time get separate caches, so two generations never share one;
+    normally a single cache is reused for every generation.
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        max_length: int | None = None,
+        step_sizes: Iterable[int] = DEFAULT_STEP_SIZES,
+        compile: bool = True,
+        warmup: bool = True,
+        progress: bool = True,
+        name: str | None = None,
+    ) -> None:
+        """max_length: tokens the cache holds (default: 4096 on CUDA, 2048 on CPU, at most the
+        model's context). step_sizes: the fixed step shapes, in tokens. compile: False runs the
+        same static-cache steps eagerly (for tests and comparisons). warmup: compile every
+        step shape now, with a progress bar (progress=False hides it)."""
+        self.model = model.eval()
+        self.device = model.device
+        self.name = name or _model_name(model)
+        self.step_sizes = tuple(sorted(set(int(s) for s in step_sizes)))
+        if not self.step_sizes or self.step_sizes[0] < 1:
+            raise ValueError(f"step_sizes must be positive token counts, got {self.step_sizes}")
+        self.max_length = max_length or _default_max_length(model)
+        if self.max_length <= self.step_sizes[-1]:
+            raise ValueError(f"max_length {self.max_length} must exceed the largest step size {self.step_sizes[-1]}")
+        self.cuda = self.device.type == "cuda"
+        self.compiled = bool(compile)
+        self.fallback_reason: str | None = None
+        self.mode = "reduce-overhead" if self.cuda else None  # CUDA graphs on CUDA
+        self.warmup_s = 0.0
+        self._slots: list[_Slot] = []
+        self._spill_logged = False
+        if self.compiled:
+            # Each step shape (of each model) is its own graph: allow that many recompiles.
+            config = torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, _MIN_RECOMPILE_LIMIT)
+        self._slots.append(self._new_slot())  # checks the model and allocates the cache now
+        if self.compiled and warmup:
+            self.warm_up(progress)
+
+    @property
+    def decode_path(self) -> str:
+        """Which path new runners take: compiled static cache, eager static or eager dynamic."""
+        if self.compiled:
+            return COMPILED_STATIC
+        return EAGER_DYNAMIC if self.fallback_reason else EAGER_STATIC
+
+    def __call__(self, model=None):
+        """A runner for one generation (CachedModel's interface). `model` must be ours."""
+        if model is not None and model is not self.model:
+            raise ValueError(f"these steps belong to {self.name}, not to {_model_name(model)}")
+        if self.fallback_reason is not None:
+            return CachedModel(self.model)
+        runner = StaticCacheRunner(self)
+        runner._slot = self._acquire(runner)
+        return runner
+
+    def warm_up(self, progress: bool = True) -> None:
+        """Compile (and on CUDA, record the graph of) every step shape, with a progress bar."""
+        from tqdm.auto import tqdm
+
+        started = time.perf_counter()
+        slot = self._slots[0]
+        calls = 3 if self.cuda else 1  # cudagraph trees: warm-up run, recording, first replay
+        with torch.no_grad():
+            for size in tqdm(self.step_sizes, desc=f"compiling {self.name}", unit="shape",
+                             disable=not progress or not self.compiled, leave=False):
+                for _ in range(calls):
+                    if not self.compiled:
+                        return
+                    self._fixed_step(slot, [PAD_TOKEN] * size, 0, size)
+        self.warmup_s = time.perf_counter() - started
+        if self.compiled:
+            logger.info("compiled %d step shapes of %s in %.1f s", len(self.step_sizes), self.name, self.warmup_s)
+
+    # ------------------------------------------------------------ used by StaticCacheRunner
+
+    def run(self, slot: _Slot, token_ids: list[int], start: int, last_only: bool) -> torch.Tensor:
+        """Logits [n, V] (float32) of `token_ids` placed at positions start.. of the slot's cache."""
+        n = len(token_ids)
+        bucket = next((size for size in self.step_sizes if size >= n), None)
+        if bucket is not None and start + bucket <= self.max_length:
+            logits = self._fixed_step(slot, token_ids, start, bucket)
+            return logits[-1:] if last_only else logits
+        return self._eager(slot, token_ids, start, last_only)
+
+    def spill_logged(self) -> bool:
+        """True the first time a sequence outgrows the cache (so that is logged once)."""
+        first, self._spill_logged = not self._spill_logged, True
+        return first
+
+    # ------------------------------------------------------------ internals
+
+    def _new_slot(self) -> _Slot:
+        cache = StaticCache(config=self.model.config, max_cache_len=self.max_length)
+        for layer in cache.layers:
+            if not isinstance(layer, StaticLayer) or layer.is_sliding:
+                raise ValueError(
+                    f"{self.name} has sliding-window or linear-attention layers: the static cache "
+                    "can't roll back by position there; use the eager dynamic cache"
+                )
+        slot = _Slot(self.model, cache)
+        with torch.no_grad():
+            self._eager(slot, [PAD_TOKEN], 0, True)  # allocates K/V on each layer's device
+        if self.compiled:
+            try:
+                slot.compiled = torch.compile(slot.step, mode=self.mode, fullgraph=True, dynamic=False)
+            except Exception as error:  # torch.compile unavailable here
+                self._fall_back(error)
+        return slot
+
+    def _acquire(self, runner: StaticCacheRunner) -> _Slot:
+        for slot in self._slots:
+            if slot.owner is None or slot.owner() is None:
+                slot.owner = weakref.ref(runner)
+                return slot
+        slot = self._new_slot()  # another generation still holds the cache: allocate one more
+        slot.owner = weakref.ref(runner)
+        self._slots.append(slot)
+        return slot
+
+    def _fixed_step(self, slot: _Slot, token_ids: list[int], start: int, bucket: int) -> torch.Tensor:
+        """The fixed-shape step: [start, ids..., PAD...] (1 + bucket values) -> float32 logits [n, V]."""
+        n = len(token_ids)
+        packed = torch.tensor([start, *token_ids, *[PAD_TOKEN] * (bucket - n)], device=self.device)
+        logits = None
+        if self.compiled and slot.compiled is not None:
+            try:
+                if self.cuda:
+                    torch.compiler.cudagraph_mark_step_begin()
+                logits = slot.compiled(packed)
+            except Exception as error:
+                self._fall_back(error)
+        if logits is None:
+            logits = slot.step(packed)
+        # A copy: CUDA graphs overwrite their output buffer at the next replay.
+        return logits[0, :n].to(torch.float32, copy=True)
+
+    def _eager(self, slot: _Slot, token_ids: list[int], start: int, last_only: bool) -> torch.Tensor:
+        """Any number of tokens, uncompiled, on the same static cache (prefill, odd sizes)."""
+        slot.set_position(torch.tensor(start, device=self.device))
+        out = self.model(
+            input_ids=torch.tensor([token_ids], device=self.device),
+            cache=slot.cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
+        return out.logits[0].float()
+
+    def _fall_back(self, error: BaseException) -> None:
+        if not self.compiled:
+            return
+        self.compiled = False
+        self.fallback_reason = _one_line(error)
+        logger.warning("torch.compile failed for %s (%s): decoding eagerly", self.name, self.fallback_reason)
+
+
+class _Slot:
+    """One preallocated cache, its step function (compiled or not) and the runner holding it."""
+
+    def __init__(self, model, cache: StaticCache) -> None:
+        self.model = model
+        self.cache = cache
+        self.layers = list(cache.layers)
+        self.compiled = None  # the torch.compile'd step, when compiling
+        self.owner: weakref.ref | None = None
+
+    def set_position(self, start: torch.Tensor) -> None:
+        """Make every layer write its next keys and values at `start` (and mask from there)."""
+        for layer in self.layers:
+            layer.cumulative_length.copy_(start)
+
+    def step(self, packed: torch.Tensor) -> torch.Tensor:
+        """packed = [start, token ids...] -> logits [1, len(packed) - 1, V]. The compiled function.
+
+        The position travels in the same tensor as the tokens: one host-to-device copy a step,
+        and under CUDA graphs the cache's length counters are set inside the graph.
+        """
+        self.set_position(packed[0])
+        out = self.model(input_ids=packed[1:].unsqueeze(0), cache=self.cache, use_cache=True)
+        return out.logits
+
+
+class StaticCacheRunner:
+    """One generation's view of a StaticSteps cache: CachedModel's forward / crop / length.
+
+    Made by calling a StaticSteps object; holds its cache until the runner is dropped.
+    """
+
+    def __init__(self, steps: StaticSteps) -> None:
+        self._steps = steps
+        self._slot: _Slot | None = None
+        self._length = 0
+        self._dynamic: CachedModel | None = None  # after outgrowing the static cache
+
+    @property
+    def length(self) -> int:
+        """How many tokens of the sequence the cache holds."""
+        return self._dynamic.length if self._dynamic is not None else self._length
+
+    @torch.no_grad()
+    def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        """Run the tokens that follow the cached ones; return float32 logits [n, V] ([1, V] if last_only)."""
+        if self._dynamic is None and self._length + len(token_ids) > self._steps.max_length:
+            self._spill()
+        if self._dynamic is not None:
+            return self._dynamic.forward(token_ids, last_only)
+        logits = self._steps.run(self._slot, token_ids, self._length, last_only)
+        self._length += len(token_ids)
+        return logits
+
+    def crop(self, keep: int) -> None:
+        """Forget every cached token after the first `keep`: just move the position back."""
+        if self._dynamic is not None:
+            self._dynamic.crop(keep)
+        else:
+            self._length = max(0, min(self._length, keep))
+
+    def _spill(self) -> None:
+        """The sequence outgrew the static cache: copy what it holds into a dynamic one."""
+        steps = self._steps
+        if steps.spill_logged():
+            logger.warning(
+                "%s: a sequence outgrew the %d-token static cache; it continues eagerly", steps.name, steps.max_length
+            )
+        dynamic = CachedModel(steps.model)
+        if self._length:
+            for index, layer in enumerate(self._slot.layers):
+                keys = layer.keys[:, :, : self._length].clone()
+                values = layer.values[:, :, : self._length].clone()
+                dynamic.cache.update(keys, values, index)
+        self._dynamic = dynamic
+        self._slot.owner = None  # the static cache is free for the next generation
+        self._slot = None
+
+
+def _default_max_length(model) -> int:
+    from .engine import context_limit
+
+    return min(context_limit(model), _DEFAULT_MAX_LENGTH["cuda" if model.device.type == "cuda" else "cpu"])
+
+
+def _model_name(model) -> str:
+    return getattr(model.config, "name_or_path", "") or type(model).__name__
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
