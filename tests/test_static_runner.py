@@ -1,0 +1,242 @@
+"""The fast decode path (issue 6): static KV cache, fixed-shape (compiled) steps, eager fallback,
+and the cost-model command. Greedy output must stay token-for-token the eager baseline's."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+import torch
+
+from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core import cost_model
+from specdec_core.runner import CachedModel
+from specdec_core.static_runner import (
+    COMPILED_STATIC,
+    DEFAULT_STEP_SIZES,
+    DRAFT_STEP_SIZES,
+    EAGER_DYNAMIC,
+    EAGER_STATIC,
+    StaticCacheRunner,
+    StaticSteps,
+)
+from tests.tiny_models import perturbed_copy, tiny_llama, tiny_qwen2
+
+NEW_TOKENS = 28
+# Target step sizes: exact (no padding), and bucketed (most steps padded, 1 token padded too).
+STEP_SIZES = [DEFAULT_STEP_SIZES, (1, 3, 6, 9), (2, 5, 9)]
+
+
+def random_prompt(seed: int, vocab: int = 1000) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    length = int(torch.randint(3, 40, (1,), generator=generator))
+    # Ids of a small range repeat, so prompt lookup finds n-grams to copy.
+    return torch.randint(3, vocab, (length,), generator=generator).tolist()
+
+
+def eager_baseline(target, tokenizer, prompt, new_tokens=NEW_TOKENS) -> list[int]:
+    return SpeculativeEngine(target, tokenizer).generate(prompt, SamplingParams(max_new_tokens=new_tokens)).token_ids
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_static_cache_greedy_identity(seed, smol_tokenizer):
+    """Static target and draft caches (eager, so fast): every k, adaptive or not, model and
+    prompt-lookup drafters, one cache reused across generations; rejections and full
+    acceptances both happen, so rollbacks are exercised."""
+    build = tiny_llama if seed % 2 == 0 else tiny_qwen2
+    target = build(seed=seed, vocab=1000)
+    draft = perturbed_copy(target, noise=0.08, seed=seed + 100)
+    target_steps = StaticSteps(target, compile=False, step_sizes=STEP_SIZES[seed % 3], max_length=160)
+    draft_steps = StaticSteps(draft, compile=False, step_sizes=DRAFT_STEP_SIZES, max_length=160)
+    assert target_steps.decode_path == EAGER_STATIC
+    drafted = accepted = full_rounds = 0
+    for offset in range(2):
+        prompt = random_prompt(10 * seed + offset, vocab=50 if offset else 1000)
+        expected = eager_baseline(target, smol_tokenizer, prompt)
+        # Mostly fixed k: the adaptive policy may decide to decode plainly when drafts don't pay.
+        for k, adaptive in [(1, False), (2, True), (4, False), (5, False), (8, False)]:
+            drafter = ModelDrafter(draft, make_runner=draft_steps)
+            if k == 5:
+                drafter = PromptLookupDrafter()
+            engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter, draft_length=k,
+                                       adaptive=adaptive, make_runner=target_steps)
+            result = engine.generate(prompt, SamplingParams(max_new_tokens=NEW_TOKENS))
+            assert result.token_ids == expected, (seed, offset, k, adaptive)
+            stats = result.stats
+            drafted += stats.drafted_tokens
+            accepted += stats.accepted_tokens
+            full_rounds += result.sources.count("bonus")
+    assert 0 < accepted < drafted  # some drafts rejected (rollback), some kept
+    assert full_rounds > 0  # all drafts accepted: the draft cache catches up 2 tokens
+
+
+def test_logits_match_uncached_forward_through_rollbacks_padding_and_spill():
+    """Runner logits equal a plain full forward, across prefill, padded steps, rollbacks,
+    a reused (stale) cache and a sequence that outgrows the static cache."""
+    model = tiny_llama(seed=3, vocab=1000)
+    steps = StaticSteps(model, compile=False, step_sizes=(1, 4, 6), max_length=24)
+    sequence = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.no_grad():
+        reference = model(input_ids=torch.tensor([sequence])).logits[0]
+
+    for _ in range(2):  # the second generation reuses the cache full of stale entries
+        runner = steps(model)
+        assert isinstance(runner, StaticCacheRunner)
+        position = 0
+        # (tokens to feed, tokens to keep afterwards): prefill, padded steps, rollbacks
+        plan = [(9, 9), (3, 10), (1, 11), (5, 12), (6, 14), (2, 16), (4, 17), (8, 20), (9, 22), (12, 30)]
+        for feed, keep in plan:
+            logits = runner.forward(sequence[position : position + feed])
+            torch.testing.assert_close(logits, reference[position : position + feed], atol=1e-5, rtol=1e-4)
+            assert runner.length == position + feed
+            runner.crop(keep)
+            position = keep
+        assert runner._dynamic is not None  # went past max_length=24: continued on a dynamic cache
+        last = runner.forward(sequence[position : position + 3], last_only=True)
+        torch.testing.assert_close(last, reference[position + 2 : position + 3], atol=1e-5, rtol=1e-4)
+        del runner
+
+
+def test_outgrowing_the_cache_stays_identical_and_logs_once(smol_tokenizer, caplog):
+    target = tiny_llama(seed=5, vocab=1000)
+    draft = perturbed_copy(target, noise=0.05, seed=6)
+    prompt = random_prompt(7)
+    expected = eager_baseline(target, smol_tokenizer, prompt, new_tokens=40)
+    steps = StaticSteps(target, compile=False, max_length=len(prompt) + 12)
+    draft_steps = StaticSteps(draft, compile=False, step_sizes=DRAFT_STEP_SIZES, max_length=len(prompt) + 12)
+    with caplog.at_level(logging.WARNING, logger="specdec_core.static_runner"):
+        for _ in range(2):
+            engine = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(draft, make_runner=draft_steps),
+                                       draft_length=3, adaptive=False, make_runner=steps)
+            assert engine.generate(prompt, SamplingParams(max_new_tokens=40)).token_ids == expected
+    spills = [r for r in caplog.records if "outgrew" in r.message]
+    assert len(spills) == 2  # once per model, not once per generation
+
+
+def test_interleaved_generations_get_separate_caches(smol_tokenizer):
+    target = tiny_llama(seed=8, vocab=1000)
+    steps = StaticSteps(target, compile=False, max_length=128)
+    prompts = [random_prompt(20), random_prompt(21)]
+    expected = [eager_baseline(target, smol_tokenizer, p) for p in prompts]
+    engines = [SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter(), draft_length=3,
+                                 adaptive=False, make_runner=steps) for _ in prompts]
+    streams = [e.stream(p, SamplingParams(max_new_tokens=NEW_TOKENS)) for e, p in zip(engines, prompts)]
+    outputs = [[], []]
+    for pair in zip(*streams):  # one token of each in turn
+        for output, event in zip(outputs, pair):
+            output.append(event.token_id)
+    assert outputs == expected
+    assert len(steps._slots) == 2
+
+
+def test_compiled_steps_are_lossless(smol_tokenizer):
+    """torch.compile (inductor) on one tiny model and one step shape: every step, including
+    1-token ones, is padded to 4 tokens; prefill runs eagerly on the same cache."""
+    target = tiny_llama(seed=11, vocab=1000)
+    draft = perturbed_copy(target, noise=0.05, seed=12)
+    steps = StaticSteps(target, compile=True, step_sizes=(4,), max_length=96, progress=False)
+    assert steps.decode_path == COMPILED_STATIC, steps.fallback_reason
+    assert steps.warmup_s > 0
+    drafted = accepted = 0
+    for seed, k in [(30, 1), (31, 2), (32, 3), (33, 3)]:
+        prompt = random_prompt(seed)
+        expected = eager_baseline(target, smol_tokenizer, prompt)
+        engine = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(draft), draft_length=k,
+                                   adaptive=False, make_runner=steps)
+        result = engine.generate(prompt, SamplingParams(max_new_tokens=NEW_TOKENS))
+        assert result.token_ids == expected, (seed, k)
+        drafted, accepted = drafted + result.stats.drafted_tokens, accepted + result.stats.accepted_tokens
+    assert 0 < accepted < drafted
+    assert steps.compiled  # no fallback happened along the way
+
+
+def _unavailable_compile(*args, **kwargs):
+    raise RuntimeError("torch.compile is not available on this machine")
+
+
+def test_fallback_when_compile_is_unavailable(smol_tokenizer, monkeypatch, caplog):
+    monkeypatch.setattr(torch, "compile", _unavailable_compile)
+    target = tiny_llama(seed=13, vocab=1000)
+    with caplog.at_level(logging.INFO, logger="specdec_core.static_runner"):
+        steps = StaticSteps(target, compile=True, progress=False)
+    lines = [r for r in caplog.records if r.name == "specdec_core.static_runner"]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert "not available on this machine" in lines[0].message and "eagerly" in lines[0].message
+    assert steps.decode_path == EAGER_DYNAMIC and not steps.compiled
+    assert isinstance(steps(target), CachedModel)
+    prompt = random_prompt(40)
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter(), make_runner=steps)
+    assert engine.generate(prompt, SamplingParams(max_new_tokens=NEW_TOKENS)).token_ids == eager_baseline(
+        target, smol_tokenizer, prompt)
+
+
+def test_fallback_when_a_compiled_step_fails_mid_generation(smol_tokenizer, monkeypatch, caplog):
+    """Compilation errors surface at the first call of the compiled function: the step that
+    failed is rerun eagerly, the generation goes on, one line is logged."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: _unavailable_compile)
+    target = tiny_llama(seed=14, vocab=1000)
+    steps = StaticSteps(target, compile=True, warmup=False, step_sizes=(1, 2, 4), max_length=96)
+    assert steps.decode_path == COMPILED_STATIC
+    prompt = random_prompt(41)
+    with caplog.at_level(logging.WARNING, logger="specdec_core.static_runner"):
+        engine = SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter(), draft_length=3,
+                                   adaptive=False, make_runner=steps)
+        result = engine.generate(prompt, SamplingParams(max_new_tokens=NEW_TOKENS))
+    assert result.token_ids == eager_baseline(target, smol_tokenizer, prompt)
+    lines = [r for r in caplog.records if r.name == "specdec_core.static_runner"]
+    assert len(lines) == 1 and "eagerly" in lines[0].message
+    assert steps.decode_path == EAGER_DYNAMIC
+
+
+def test_steps_refuse_another_model():
+    model = tiny_llama(seed=15, vocab=1000)
+    steps = StaticSteps(model, compile=False, max_length=32)
+    with pytest.raises(ValueError, match="belong"):
+        steps(tiny_llama(seed=16, vocab=1000))
+
+
+# ---------------------------------------------------------------- the cost model
+
+
+def test_leviathan_formula():
+    assert cost_model.expected_tokens(0.8, 4) == pytest.approx((1 - 0.8**5) / 0.2)
+    assert cost_model.expected_tokens(1.0, 4) == 5
+    # c = 0.1, verify as dear as one step: 3.3616 tokens for 1.4 steps
+    assert cost_model.predicted_speedup(0.8, 4, 0.1) == pytest.approx(3.3616 / 1.4)
+    best = cost_model.best_speedup(0.8, 0.1, {1: 1.0, 4: 1.0, 8: 3.0})
+    assert best["draft_length"] == 4
+
+
+def test_cost_model_command_on_tiny_configs(tmp_path, capsys):
+    """`python -m specdec_core.cost_model` (and bench.py's --cost-model, which passes its argv on)."""
+    out = tmp_path / "cm"
+    argv = ["--cost-model", "--target-config", "tiny", "--draft-config", "tiny-draft", "--device", "cpu",
+            "--context", "8", "--max-k", "3", "--repeats", "2", "--modes", "eager", "--out", str(out)]
+    assert cost_model.main(argv) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    eager = result["modes"]["eager"]
+    assert list(eager["verify_ms"]) == ["1", "2", "3"]
+    assert eager["c"] == pytest.approx(eager["draft_step_ms"] / eager["target_step_ms"], rel=1e-2)
+    assert set(eager["predicted_speedup"]) == {"0.6", "0.7", "0.8"}
+    assert 0 < eager["bandwidth_fraction"] and result["bandwidth_source"].startswith("measured")
+    table = out.with_suffix(".md").read_text()
+    assert "| target verify k=3 (ms) |" in table and "predicted speedup at acceptance 0.8" in table
+    assert "| target 1-token step (ms) |" in capsys.readouterr().out
+
+
+def test_cost_model_compiled_column_reports_a_fallback(monkeypatch):
+    monkeypatch.setattr(torch, "compile", _unavailable_compile)
+    result = cost_model.run_cost_model("tiny", "tiny-draft", context=8, max_k=2, repeats=1,
+                                       bandwidth_gbs=10.0, progress=False)
+    compiled = result["modes"]["compiled"]
+    assert compiled["target_path"] == EAGER_DYNAMIC
+    assert "not available" in compiled["fallback"]["target"]
+    assert "fell back to eager" in cost_model.markdown_table(result)
+
+
+def test_cost_model_rejects_an_unknown_architecture(capsys):
+    assert cost_model.main(["--target-config", "gpt-9", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown architecture 'gpt-9'") and err.count("\n") == 1
