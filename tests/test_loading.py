@@ -286,3 +286,18 @@ def test_loading_without_the_draft(tiny_presets):
     assert models.draft is None and [info.role for info in models.info] == ["target"]
     with pytest.raises(LoadError, match="without its draft model"):
         models.make_engine(drafter="model")
+
+
+def test_gguf_file_preset_reuses_the_cached_conversion(smollm2_local, tmp_path, monkeypatch):
+    """A preset naming a .gguf file goes through the same once-only conversion as the bundled model."""
+    from specdec_core.sources import bundled_gguf
+
+    def convert_again(*args):
+        raise AssertionError("converted twice")
+
+    monkeypatch.setattr(sources_module, "_convert_gguf", convert_again)
+    config = tmp_path / "models.yaml"
+    config.write_text(f"auto_fallback: g\npresets:\n  g:\n    description: d\n"
+                      f"    target: {bundled_gguf('smollm2-135m-instruct')}\n    drafter: none\n    memory_gb: 1\n")
+    models = load_preset("g", config)
+    assert models.preset.target.kind == "gguf" and models.info[0].parameters == 134_515_008
