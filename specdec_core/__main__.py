@@ -77,8 +77,9 @@ def run_generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
     )
-    # Only drafter "model" needs the draft; skipping it saves its load time and memory.
-    models = load_preset(args.preset, args.config, load_draft=args.drafter in (None, "model"))
+    # Only drafter "model" needs the draft (None: load it if it is the preset's default).
+    load_draft = args.drafter == "model" if args.drafter else None
+    models = load_preset(args.preset, args.config, load_draft=load_draft)
     _inform(f"preset: {models.preset.name}", *models.notes, models.describe())
     engine = models.make_engine(
         drafter=args.drafter,

@@ -114,10 +114,11 @@ class LoadedModels:
         return ModelDrafter(self.draft, tokenizer=self.draft_tokenizer)
 
 
-def load_preset(name: str = AUTO, config_path=None, *, load_draft: bool = True) -> LoadedModels:
+def load_preset(name: str = AUTO, config_path=None, *, load_draft: bool | None = True) -> LoadedModels:
     """Load a preset by name ("auto" picks one for this machine; see models.yaml).
 
-    load_draft=False skips the draft model (faster, for runs that won't use drafter "model").
+    load_draft=False skips the draft model (faster, for runs that won't use drafter "model");
+    None loads it only when the preset's default drafter is "model".
     Raises ConfigError for an invalid file and LoadError (one line) for everything that
     stops the models from loading.
     """
@@ -131,6 +132,8 @@ def load_preset(name: str = AUTO, config_path=None, *, load_draft: bool = True) 
 
     # Tokenizers first: a mismatched pair fails before any weights load.
     target_source, tokenizer = _source_and_tokenizer(preset.target, preset)
+    if load_draft is None:
+        load_draft = preset.drafter == "model"
     draft_spec = preset.draft if load_draft else None
     draft_source = draft_tokenizer = None
     if draft_spec is not None:

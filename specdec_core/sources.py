@@ -117,7 +117,7 @@ def probe_hub(repo_id: str) -> str | None:
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
-        get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=10)
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=5)
     except GatedRepoError:  # a subclass of RepositoryNotFoundError: test it first
         return GATED
     except (RepositoryNotFoundError, RevisionNotFoundError):

@@ -286,6 +286,8 @@ def test_loading_without_the_draft(tiny_presets):
     assert models.draft is None and [info.role for info in models.info] == ["target"]
     with pytest.raises(LoadError, match="without its draft model"):
         models.make_engine(drafter="model")
+    assert load_preset("tiny", tiny_presets.config, load_draft=None).draft is not None  # default drafter: model
+    assert load_preset("tiny-qwen", tiny_presets.config, load_draft=None).draft is None
 
 
 def test_gguf_file_preset_reuses_the_cached_conversion(smollm2_local, tmp_path, monkeypatch):
