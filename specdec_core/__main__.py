@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, help="makes sampling reproducible")
     generate.add_argument("--draft-length", type=int, help="tokens per draft (default: the preset's)")
     generate.add_argument("--no-adaptive", action="store_true", help="keep the draft length fixed")
+    generate.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                          help="compiled static-cache decoding, compiled at load (default: the preset's "
+                               "`compile`, auto: on with CUDA, off on CPU)")
     generate.add_argument("--json", action="store_true", help='print {"text", "token_ids", "sources", "stats"}')
     generate.set_defaults(run=run_generate)
     return parser
@@ -79,7 +82,7 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     # Only drafter "model" needs the draft (None: load it if it is the preset's default).
     load_draft = args.drafter == "model" if args.drafter else None
-    models = load_preset(args.preset, args.config, load_draft=load_draft)
+    models = load_preset(args.preset, args.config, load_draft=load_draft, compile=args.compile)
     _inform(f"preset: {models.preset.name}", *models.notes, models.describe())
     engine = models.make_engine(
         drafter=args.drafter,

@@ -62,6 +62,7 @@ class Preset:
     requires_gpu: bool
     gated: bool
     trust_remote_code: bool
+    compile: bool | str  # true | false | "auto" (compiled static cache on CUDA, eager on CPU)
 
     @property
     def offline(self) -> bool:
@@ -103,8 +104,9 @@ _PRESET_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "requires_gpu": ((bool,), False),
     "gated": ((bool,), False),
     "trust_remote_code": ((bool,), False),
+    "compile": ((bool, str), "auto"),
 }
-_CHOICES = {"dtype": DTYPES, "draft_quantization": QUANTIZATIONS, "drafter": DRAFTERS}
+_CHOICES = {"dtype": DTYPES, "draft_quantization": QUANTIZATIONS, "drafter": DRAFTERS, "compile": ("auto",)}
 _TOP_KEYS = ("auto_fallback", "presets")
 
 
@@ -199,7 +201,7 @@ def _typed_value(body: dict, key: str, where: str) -> Any:
     if wrong_bool or not isinstance(value, types):
         expected = " or ".join("null" if t is type(None) else t.__name__ for t in types)
         raise ConfigError(f"{where}: key '{key}' must be {expected}, got {value!r}")
-    if key in _CHOICES and value not in _CHOICES[key]:
+    if key in _CHOICES and isinstance(value, str) and value not in _CHOICES[key]:  # compile may be a bool
         raise ConfigError(f"{where}: key '{key}' must be one of {', '.join(_CHOICES[key])}, got {value!r}")
     if isinstance(value, float) or (isinstance(value, int) and float in types):
         value = float(value)

@@ -73,6 +73,10 @@ class LoadedModels:
     info: list[ModelInfo]
     notes: list[str] = field(default_factory=list)  # one-line remarks: auto choice, fallbacks
     draft_tokenizer: object | None = None
+    # The make_runner of each model in engines (who owns its KV cache): None for the eager
+    # dynamic cache (CachedModel), or a StaticSteps compiled and warmed up at load (issue 6).
+    target_runner: Callable | None = None
+    draft_runner: Callable | None = None
 
     def make_engine(
         self,
@@ -93,11 +97,21 @@ class LoadedModels:
             draft_length=draft_length if draft_length is not None else self.preset.draft_length,
             adaptive=self.preset.adaptive if adaptive is None else adaptive,
             stop_strings=stop_strings,
+            **_runner_argument(self.target_runner),
         )
 
+    @property
+    def decode_path(self) -> str:
+        """The decode path engines take: "compiled static cache" or "eager dynamic cache" (or
+        "eager static cache"); per model when the target's and the draft's differ."""
+        target = _decode_path(self.target_runner)
+        draft = _decode_path(self.draft_runner) if self.draft is not None else target
+        return target if draft == target else f"target {target}, draft {draft}"
+
     def describe(self) -> str:
-        """One line per model: parameters, memory, device, dtype, quantization, load time."""
-        return "\n".join(info.line() for info in self.info)
+        """One line per model: parameters, memory, device, dtype, quantization, load time, decode path."""
+        runners = {"target": self.target_runner, "draft": self.draft_runner}
+        return "\n".join(f"{info.line()}  decode: {_decode_path(runners.get(info.role))}" for info in self.info)
 
     def _drafter(self, kind: str):
         from .drafters import ModelDrafter, PromptLookupDrafter
@@ -111,14 +125,26 @@ class LoadedModels:
         if self.draft is None:
             missing = "has no draft model" if self.preset.draft is None else "was loaded without its draft model"
             raise LoadError(f"preset {self.preset.name} {missing}: use drafter prompt_lookup or none")
-        return ModelDrafter(self.draft, tokenizer=self.draft_tokenizer)
+        return ModelDrafter(self.draft, tokenizer=self.draft_tokenizer, **_runner_argument(self.draft_runner))
 
 
-def load_preset(name: str = AUTO, config_path=None, *, load_draft: bool | None = True) -> LoadedModels:
+def _runner_argument(runner: Callable | None) -> dict:
+    return {} if runner is None else {"make_runner": runner}
+
+
+def _decode_path(runner: Callable | None) -> str:
+    return getattr(runner, "decode_path", "eager dynamic cache")
+
+
+def load_preset(
+    name: str = AUTO, config_path=None, *, load_draft: bool | None = True, compile: bool | str | None = None
+) -> LoadedModels:
     """Load a preset by name ("auto" picks one for this machine; see models.yaml).
 
     load_draft=False skips the draft model (faster, for runs that won't use drafter "model");
     None loads it only when the preset's default drafter is "model".
+    compile: true | false | "auto" overrides the preset's `compile` key (None: the preset's);
+    when on, both models' decoding steps are compiled here, before this returns.
     Raises ConfigError for an invalid file and LoadError (one line) for everything that
     stops the models from loading.
     """
@@ -149,6 +175,8 @@ def load_preset(name: str = AUTO, config_path=None, *, load_draft: bool | None =
         info.append(draft_info)
     target, target_info = _load_model(preset, "target", target_source, dtype, None, cuda)
     notes += _offload_notes(target)
+    setting = preset.compile if compile is None else compile
+    target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes)
     return LoadedModels(
         preset=preset,
         tokenizer=tokenizer,
@@ -157,7 +185,40 @@ def load_preset(name: str = AUTO, config_path=None, *, load_draft: bool | None =
         info=[target_info, *info],
         notes=notes,
         draft_tokenizer=draft_tokenizer,
+        target_runner=target_runner,
+        draft_runner=draft_runner,
     )
+
+
+def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: list[str]):
+    """(target_runner, draft_runner): compiled static-cache steps when compiling is on, else None.
+
+    Compiles and warms up every step shape now (with a progress bar), so the first reply is
+    not slow. A failure leaves that model eager: one log line and one note say why.
+    """
+    from .policy import MAX_DRAFT_LENGTH
+    from .static_runner import DRAFT_STEP_SIZES, StaticSteps, wants_compile
+
+    if not wants_compile(setting, target.device):
+        return None, None
+    verify_sizes = range(1, max(MAX_DRAFT_LENGTH, preset.draft_length) + 2)  # 1 token, and k+1
+    runners = []
+    for role, model, sizes in (("target", target, verify_sizes), ("draft", draft, DRAFT_STEP_SIZES)):
+        if model is None:
+            runners.append(None)
+            continue
+        try:
+            steps = StaticSteps(model, step_sizes=sizes, name=role)
+        except ValueError as error:  # a model the static cache can't serve (sliding window)
+            notes.append(f"{role}: decoding eagerly: {error}")
+            runners.append(None)
+            continue
+        if steps.fallback_reason:
+            notes.append(f"{role}: torch.compile failed, decoding eagerly ({steps.fallback_reason})")
+        else:
+            notes.append(f"{role}: compiled {len(steps.step_sizes)} step shapes in {steps.warmup_s:.0f} s")
+        runners.append(steps)
+    return tuple(runners)
 
 
 def _preset_notes(preset: Preset, cuda: bool) -> list[str]:
@@ -171,8 +232,12 @@ def _preset_notes(preset: Preset, cuda: bool) -> list[str]:
 
 def unload(models: LoadedModels) -> None:
     """Drop the models and free their memory (engines built from them must be dropped too)."""
+    compiled = any(getattr(r, "compiled", False) for r in (models.target_runner, models.draft_runner))
     models.target = None
     models.draft = None
+    models.target_runner = models.draft_runner = None  # they hold the models and KV caches
+    if compiled:
+        torch._dynamo.reset()  # compiled graphs (and CUDA graph pools) hold the weights too
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -240,3 +240,78 @@ def test_cost_model_rejects_an_unknown_architecture(capsys):
     assert cost_model.main(["--target-config", "gpt-9", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: unknown architecture 'gpt-9'") and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- presets and loading
+
+
+PRESETS = """\
+auto_fallback: plain
+presets:
+  plain:
+    description: tiny target and draft, compile left at its default (auto, off on CPU)
+    target: ./target
+    draft: ./draft
+    drafter: model
+    draft_length: 3
+    adaptive: false
+    memory_gb: 0.1
+  fast:
+    description: the same, compiled
+    target: ./target
+    draft: ./draft
+    drafter: model
+    draft_length: 3
+    adaptive: false
+    memory_gb: 0.1
+    compile: true
+"""
+
+
+@pytest.fixture(scope="module")
+def compile_presets(tmp_path_factory, smol_tokenizer):
+    folder = tmp_path_factory.mktemp("compile-presets")
+    target = tiny_llama(seed=21, vocab=1000)
+    for name, model in (("target", target), ("draft", perturbed_copy(target, noise=0.05, seed=22))):
+        model.save_pretrained(folder / name)
+        smol_tokenizer.save_pretrained(folder / name)
+    (folder / "models.yaml").write_text(PRESETS)
+    return folder / "models.yaml"
+
+
+def test_preset_compile_key(compile_presets, tmp_path):
+    from specdec_core.config import ConfigError, load_presets
+
+    presets = load_presets(compile_presets)
+    assert presets["plain"].compile == "auto" and presets["fast"].compile is True
+    for bad in ("always", "1"):
+        (tmp_path / "bad.yaml").write_text(PRESETS.replace("compile: true", f"compile: {bad}"))
+        with pytest.raises(ConfigError, match="preset 'fast'.*'compile'"):
+            load_presets(tmp_path / "bad.yaml")
+
+
+def test_loading_builds_compiled_runners_and_says_so(compile_presets, monkeypatch):
+    """compile on: both models get StaticSteps built at load, engines use them, describe() and
+    decode_path say so. (torch.compile is replaced by the identity here to keep this fast.)"""
+    from specdec_core.loading import load_preset, unload
+
+    plain = load_preset("plain", compile_presets)
+    assert plain.decode_path == EAGER_DYNAMIC and plain.target_runner is None
+    assert all(line.endswith("decode: eager dynamic cache") for line in plain.describe().splitlines())
+    prompt = random_prompt(50)
+    expected = plain.make_engine(drafter="none").generate(prompt, SamplingParams(max_new_tokens=NEW_TOKENS)).token_ids
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    fast = load_preset("fast", compile_presets)
+    assert fast.decode_path == COMPILED_STATIC
+    assert isinstance(fast.target_runner, StaticSteps) and fast.target_runner.step_sizes == DEFAULT_STEP_SIZES
+    assert fast.draft_runner.step_sizes == DRAFT_STEP_SIZES
+    assert len(fast.describe().splitlines()) == 2 and "decode: compiled static cache" in fast.describe()
+    assert any("compiled 9 step shapes" in note for note in fast.notes)
+    engine = fast.make_engine()
+    assert engine.make_runner is fast.target_runner and engine.drafter.make_runner is fast.draft_runner
+    result = engine.generate(prompt, SamplingParams(max_new_tokens=NEW_TOKENS))
+    assert result.token_ids == expected and result.stats.accepted_tokens > 0
+    assert load_preset("fast", compile_presets, compile=False).decode_path == EAGER_DYNAMIC  # the flag wins
+    unload(fast)
+    assert fast.target_runner is None and fast.draft_runner is None
