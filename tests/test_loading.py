@@ -21,6 +21,7 @@ from specdec_core.loading import (
     unload,
 )
 from specdec_core.sources import GATED, UNREACHABLE, resolve
+from tests.tiny_models import require
 
 GB = 1024**3
 GREEDY = SamplingParams(max_new_tokens=24)
@@ -72,6 +73,9 @@ def test_engine_defaults_come_from_the_preset_and_overrides_win(tiny):
 
 @pytest.mark.parametrize("preset, quantization, layer", [("tiny-4bit", "nf4", "Linear4bit"), ("tiny-8bit", "int8", "Linear8bitLt")])
 def test_quantized_draft_on_cpu(tiny_presets, tiny, preset, quantization, layer):
+    from transformers.utils import is_bitsandbytes_available
+
+    require(is_bitsandbytes_available(), "bitsandbytes is not installed (pip install bitsandbytes)")
     models = load_preset(preset, tiny_presets.config)
     draft_info = models.info[1]
     assert draft_info.quantization == quantization and draft_info.device == "cpu"
