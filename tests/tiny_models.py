@@ -37,24 +37,23 @@ def load_smollm2_tokenizer():
     return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
 
 
-def tiny_llama(seed: int, vocab: int = VOCAB, init: float = 0.02, **overrides) -> LlamaForCausalLM:
-    config = LlamaConfig(
+def _tiny(config_class, model_class, seed: int, vocab: int, init: float, **overrides):
+    """A 2-layer, 64-wide model of a real architecture, seeded; `init` scales the random weights."""
+    config = config_class(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         initializer_range=init, bos_token_id=1, eos_token_id=2, pad_token_id=2, **overrides,
     )
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()
+    return model_class(config).eval()
+
+
+def tiny_llama(seed: int, vocab: int = VOCAB, init: float = 0.02, **overrides) -> LlamaForCausalLM:
+    return _tiny(LlamaConfig, LlamaForCausalLM, seed, vocab, init, **overrides)
 
 
 def tiny_qwen2(seed: int, vocab: int = VOCAB, init: float = 0.02, **overrides) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=init, bos_token_id=1, eos_token_id=2, pad_token_id=2, **overrides,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config).eval()
+    return _tiny(Qwen2Config, Qwen2ForCausalLM, seed, vocab, init, **overrides)
 
 
 def perturbed_copy(model, noise: float, seed: int):
