@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import gradio as gr
@@ -79,6 +79,53 @@ class ModelHolder:
             self._unloader(models)
 
 
+@dataclass
+class _Run:
+    """One running reply: the flag it checks, and the signal that it is over."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)
+
+
+class StopRequests:
+    """Stop requests by browser session, shared by all sessions like the models.
+
+    The Stop button sets its session's flag and the running reply checks it after every token,
+    so the engine stops within the round it is in. (Cancelling the event alone waits until the
+    current batch of streamed tokens, up to UPDATE_INTERVAL_S of work, is done.)
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, _Run] = {}
+
+    def begin(self, session: str) -> _Run:
+        """A reply starts; it checks `run.stop` and calls end(session, run) when it is over."""
+        run = _Run()
+        with self._lock:
+            self._running[session] = run
+        return run
+
+    def end(self, session: str, run: _Run) -> None:
+        with self._lock:
+            if self._running.get(session) is run:
+                del self._running[session]
+        run.ended.set()
+
+    def request(self, session: str, wait_s: float = 10.0) -> None:
+        """Stop the session's running reply, and return once it has ended (within a round).
+
+        Waiting matters: the panel is marked stopped only after the reply's last update, so a
+        late "generating" update can't overwrite it, and gradio's cancel of the event is done
+        before the user can send the next message.
+        """
+        with self._lock:
+            run = self._running.get(session)
+        if run is not None:
+            run.stop.set()
+            run.ended.wait(wait_s)
+
+
 @dataclass(frozen=True)
 class Settings:
     """The control values, in the order the controls are passed as event inputs."""
@@ -125,11 +172,13 @@ class UserError(Exception):
 # ---------------------------------------------------------------- generation
 
 
-def stream_reply(engine, prompt_ids: list[int], params: SamplingParams) -> Iterator[tuple[str, str, dict, list[int]]]:
+def stream_reply(engine, prompt_ids: list[int], params: SamplingParams,
+                 stop: threading.Event) -> Iterator[tuple[str, str, dict, list[int]]]:
     """Run one reply; yield (text, html, stats, token_ids) every UPDATE_INTERVAL_S and at the end.
 
-    Closing this generator (Stop, a dropped connection) closes the engine's stream, which
-    stops the computation and frees its caches at once instead of at garbage collection.
+    A set `stop` ends it after the current token, with no final update. Ending or closing this
+    generator (Stop, a dropped connection) closes the engine's stream, which stops the
+    computation and frees its caches at once instead of at garbage collection.
     """
     stream = engine.stream(prompt_ids, params)
     text, spans, token_ids = [], [], []
@@ -140,6 +189,8 @@ def stream_reply(engine, prompt_ids: list[int], params: SamplingParams) -> Itera
             if event.text:
                 text.append(event.text)
                 spans.append(R.token_span(event.text, event.source))
+            if stop.is_set():
+                return
             if time.monotonic() - last_update >= UPDATE_INTERVAL_S:
                 last_update = time.monotonic()
                 yield "".join(text), "".join(spans), engine.stats.as_dict(), token_ids
@@ -186,6 +237,7 @@ def build_ui(preset: str = "auto", config_path: str | None = None, max_new_token
              holder: ModelHolder | None = None) -> gr.Blocks:
     """The chat app as a gr.Blocks (queued, not launched). Loads no model."""
     holder = holder or ModelHolder(config_path)
+    stops = StopRequests()
     presets = load_presets(config_path)  # ConfigError here: a bad models.yaml fails at start
     if preset != "auto" and preset not in presets:
         raise ValueError(f"unknown preset {preset!r}; available: auto, {', '.join(presets)}")
@@ -244,16 +296,26 @@ def build_ui(preset: str = "auto", config_path: str | None = None, max_new_token
                     baseline, compare]
         outputs = [msg, chat, chat_baseline, turns, stats, plot, speedup, models_md]
 
-        def respond(message: str, history: list, *values):
+        def respond(request: gr.Request, message: str, history: list, *values):
             settings = Settings(*values)
             if not (message or "").strip():
                 raise gr.Error("Empty message: type something in the box, then press Send.")
-            yield from _guarded(message, history, settings, lambda: _chat(holder, message, history, settings))
+            session = request.session_hash or ""
+            run = stops.begin(session)
+            try:
+                yield from _guarded(message, history,
+                                    lambda: _chat(holder, message, history, settings, run.stop))
+            finally:
+                stops.end(session, run)
 
-        def retry_last(history: list, *values):
+        def retry_last(request: gr.Request, history: list, *values):
             if not history:
                 raise gr.Error("Nothing to retry yet: send a message first.")
-            yield from respond(history[-1]["user"], history[:-1], *values)
+            yield from respond(request, history[-1]["user"], history[:-1], *values)
+
+        def stop_reply(request: gr.Request, panel: str) -> str:
+            stops.request(request.session_hash or "")
+            return R.stopped_markdown(panel)
 
         def clear_all():
             return View("", [], [], [], R.stats_markdown(None, "speculative"), R.acceptance_frame(None),
@@ -279,9 +341,9 @@ def build_ui(preset: str = "auto", config_path: str | None = None, max_new_token
             msg.submit(respond, [msg, turns, *controls], outputs, api_name=False, concurrency_id=DEVICE),
             retry.click(retry_last, [turns, *controls], outputs, api_name="retry", concurrency_id=DEVICE),
         ]
-        # Cancelling closes the generator, which closes the engine's stream: no work goes on.
-        # queue=False: the stop must not wait behind the generation it stops.
-        stop.click(R.stopped_markdown, stats, stats, cancels=chat_events, api_name=False, queue=False)
+        # The flag stops the engine within its round; cancelling also drops queued requests and
+        # closes the generator. queue=False: the stop must not wait behind what it stops.
+        stop.click(stop_reply, stats, stats, cancels=chat_events, api_name="stop", queue=False)
         clear.click(clear_all, None, outputs, cancels=chat_events, api_name="clear")
         preset_outputs = [models_md, preset_menu, drafter, draft_length, adaptive]
         preset_menu.input(change_preset, preset_menu, preset_outputs, api_name="load_preset",
@@ -318,7 +380,7 @@ def _preset_controls(models: LoadedModels) -> tuple:
     return (_describe(models), preset.name, drafter, preset.draft_length, preset.adaptive)
 
 
-def _guarded(message: str, history: list, settings: Settings, run: Callable[[], Iterator[View]]) -> Iterator[View]:
+def _guarded(message: str, history: list, run: Callable[[], Iterator[View]]) -> Iterator[View]:
     """Run a chat generator; on failure put the history back as it was, then show one line."""
     try:
         yield from run()
@@ -332,7 +394,8 @@ def _guarded(message: str, history: list, settings: Settings, run: Callable[[], 
         raise gr.Error(user_message(error)) from None
 
 
-def _chat(holder: ModelHolder, message: str, history: list, settings: Settings) -> Iterator[View]:
+def _chat(holder: ModelHolder, message: str, history: list, settings: Settings,
+          stop: threading.Event) -> Iterator[View]:
     """One user message: load if needed, then stream the reply (or baseline then speculative)."""
     turns = [*history, R.new_turn(message)]
     turn = turns[-1]
@@ -340,6 +403,8 @@ def _chat(holder: ModelHolder, message: str, history: list, settings: Settings) 
     yield View("", R.chat_view(turns), R.chat_view(turns, "baseline"), turns, waiting,
                gr.skip(), gr.skip(), gr.skip())
     models = holder.get(settings.preset)
+    if stop.is_set():  # stopped while the models loaded
+        return
     params = settings.sampling()
     prompt_ids = checked_prompt(models, turns)
     models_text = _describe(models)
@@ -351,16 +416,20 @@ def _chat(holder: ModelHolder, message: str, history: list, settings: Settings) 
     base_stats = base_ids = None
     if settings.compare:  # baseline first, then speculative: each has the device to itself
         engine = make_engine(models, settings, baseline=True)
-        for text, markup, stats, token_ids in stream_reply(engine, prompt_ids, params):
+        for text, markup, stats, token_ids in stream_reply(engine, prompt_ids, params, stop):
             turn.update(reply=text, baseline_html=markup)  # the history keeps a reply if stopped here
             yield view(R.stats_markdown(stats, "baseline"), R.acceptance_frame(None), gr.skip())
+        if stop.is_set():
+            return
         base_stats, base_ids = stats, list(token_ids)
 
     mode = settings.mode()
     engine = make_engine(models, settings, baseline=settings.baseline and not settings.compare)
-    for text, markup, stats, token_ids in stream_reply(engine, prompt_ids, params):
+    for text, markup, stats, token_ids in stream_reply(engine, prompt_ids, params, stop):
         turn.update(reply=text, reply_html=markup)
         yield view(R.stats_markdown(stats, mode), R.acceptance_frame(stats), gr.skip())
+    if stop.is_set():
+        return
 
     identical = (base_ids == token_ids) if params.greedy else None
     speedup_text = R.speedup_markdown(stats, base_stats, identical) if settings.compare else gr.skip()

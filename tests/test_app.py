@@ -171,6 +171,30 @@ def test_stop_ends_the_work_and_the_next_message_works(app_server, client):
     assert text_of(after["chat"][-2]).endswith("Still there?</span>")
 
 
+def test_stop_button_ends_the_engine_within_one_round(app_server, client):
+    target = app_server.holder.get("tiny").target
+    forwards = []
+    hook = target.register_forward_hook(lambda *_: forwards.append(time.monotonic()))
+    try:
+        job = send(client, "Go on and on", baseline=True, max_new_tokens=450)
+        while len(forwards) < 20:
+            assert not job.done(), "the generation ended before it could be stopped"
+            time.sleep(0.01)
+        panel = client.predict("x · generating…", api_name="/stop")  # what the Stop button calls
+        at_stop = len(forwards)
+        while not job.done():
+            time.sleep(0.01)
+        time.sleep(0.5)
+        # Baseline rounds are one forward each: at most the round in flight finishes.
+        assert len(forwards) - at_stop <= 1, "the engine ran on after Stop"
+    finally:
+        hook.remove()
+    assert panel == "x · stopped"
+    after = outputs(send(client, "Next"))
+    assert [m["role"] for m in after["chat"]] == ["user", "assistant", "user", "assistant"]
+    assert token_spans(after["chat"][1])  # the stopped reply stays in the history
+
+
 def test_retry_replaces_the_last_reply_and_clear_empties(client):
     first = outputs(send(client, "Once"))
     again = dict(zip(OUT, client.predict(*controls(), api_name="/retry")))

@@ -47,6 +47,11 @@ def send_and_wait(page, message: str) -> None:
         "() => /· done/.test(document.querySelector('#stats-text').innerText)", timeout=TIMEOUT_MS)
 
 
+def clear(page) -> None:
+    page.click("#clear")
+    page.wait_for_function("() => !document.querySelector('#chat .tok')", timeout=10_000)
+
+
 def reply_spans(page) -> list[dict]:
     """class, computed background colour and exact text of each token span of the last reply."""
     return page.locator(LAST_REPLY).locator(".tok").evaluate_all(
@@ -104,7 +109,8 @@ def browser_flow(page, url: str, shots: Path, message: str, max_new_tokens: int 
     assert "baseline" in page.inner_text("#stats-text") and "Acceptance" not in page.inner_text("#stats-text")
     page.locator("#baseline input").uncheck()
 
-    # 3. Side by side: baseline pane, speculative pane, and the speedup figure.
+    # 3. Clear, then side by side: baseline pane, speculative pane, and the speedup figure.
+    clear(page)
     page.locator("#compare input").check()
     page.wait_for_selector("#chat-baseline", state="visible")
     send_and_wait(page, message)
@@ -123,8 +129,7 @@ def browser_flow(page, url: str, shots: Path, message: str, max_new_tokens: int 
 
 def stop_flow(page, shots: Path) -> None:
     """Clear, then stop a long reply mid-way; the panel says stopped and the next message works."""
-    page.click("#clear")  # the tiny models read 512 tokens: start a fresh conversation
-    page.wait_for_function("() => !document.querySelector('#chat .tok')", timeout=10_000)
+    clear(page)  # the tiny models read 512 tokens: start a fresh conversation
     page.locator("#compare input").uncheck()
     set_number(page, "max-new-tokens", 450)
     page.fill("#msg textarea", "Keep going for a long time")
@@ -185,9 +190,11 @@ def make_readme_screenshot(out: Path, preset: str) -> None:
 
     demo = app.build_ui(preset, max_new_tokens=96)
     demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    # Rewriting code copies much of the prompt: the case prompt lookup is made for.
     message = ("Rewrite this function with type hints and a docstring:\n\n"
-               "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n"
-               "    return total / len(values)")
+               "def mean_and_spread(values):\n    total = 0\n    for v in values:\n        total += v\n"
+               "    mean = total / len(values)\n    spread = max(values) - min(values)\n"
+               "    return mean, spread")
     try:
         with sync_playwright() as playwright, tempfile.TemporaryDirectory() as folder:
             browser = launch_browser(playwright)
