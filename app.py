@@ -33,6 +33,7 @@ log = logging.getLogger("specdec.app")
 AUTH_ENV = "SPECDEC_AUTH"
 DEVICE = "device"  # one concurrency group: loading and generating share the device
 UPDATE_INTERVAL_S = 0.05  # stream at most ~20 updates a second so the browser keeps up
+DEVICE_WAIT_S = 120.0  # longest wait for the device before saying it is busy (loads take a while)
 DRAFTERS = [("draft model", "model"), ("prompt lookup", "prompt_lookup")]
 
 OOM_HELP = ("Out of memory: lower 'max new tokens', press Clear to shorten the conversation, "
@@ -42,8 +43,10 @@ OOM_HELP = ("Out of memory: lower 'max new tokens', press Clear to shorten the c
 class ModelHolder:
     """The one loaded preset, shared by every session: the device holds one set of models.
 
-    A lock makes loading and swapping atomic; swapping unloads the old models first so two
-    presets never sit in memory together.
+    One lock covers loading, swapping and generating. A reply holds it from start to end, so
+    a new reply or a preset change never overlaps the last steps of a cancelled one (gradio
+    frees the queue slot at once but closes the cancelled generator only after its current
+    step). Swapping unloads the old models first, so two presets never sit in memory together.
     """
 
     def __init__(self, config_path: str | None = None,
@@ -52,6 +55,7 @@ class ModelHolder:
         self._config_path = config_path
         self._loader = loader
         self._unloader = unloader
+        # A plain Lock, not an RLock: a reply's steps run on different worker threads.
         self._lock = threading.Lock()
         self._models: LoadedModels | None = None
 
@@ -61,17 +65,36 @@ class ModelHolder:
 
     def get(self, preset: str) -> LoadedModels:
         """The models of `preset` ("auto": whatever is loaded, else the automatic pick)."""
-        with self._lock:
-            current = self._models
-            if current is not None and preset in ("auto", current.preset.name):
-                return current
-            self._release_locked()
-            self._models = self._loader(preset, self._config_path)
-            return self._models
+        with self._device():
+            return self._load_locked(preset)
+
+    @contextlib.contextmanager
+    def using(self, preset: str) -> Iterator[LoadedModels]:
+        """Hold the device for one reply, with the models of `preset` (loaded if needed)."""
+        with self._device():
+            yield self._load_locked(preset)
 
     def release(self) -> None:
-        with self._lock:
+        with self._device():
             self._release_locked()
+
+    @contextlib.contextmanager
+    def _device(self) -> Iterator[None]:
+        # A timeout instead of waiting forever on a reply that was never closed.
+        if not self._lock.acquire(timeout=DEVICE_WAIT_S):
+            raise UserError("The device is still busy with another reply: try again in a moment.")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _load_locked(self, preset: str) -> LoadedModels:
+        current = self._models
+        if current is not None and preset in ("auto", current.preset.name):
+            return current
+        self._release_locked()
+        self._models = self._loader(preset, self._config_path)
+        return self._models
 
     def _release_locked(self) -> None:
         if self._models is not None:
@@ -398,13 +421,18 @@ def _chat(holder: ModelHolder, message: str, history: list, settings: Settings,
           stop: threading.Event) -> Iterator[View]:
     """One user message: load if needed, then stream the reply (or baseline then speculative)."""
     turns = [*history, R.new_turn(message)]
-    turn = turns[-1]
     waiting = "Loading models… (first message only)" if holder.models is None else "Reading the prompt…"
     yield View("", R.chat_view(turns), R.chat_view(turns, "baseline"), turns, waiting,
                gr.skip(), gr.skip(), gr.skip())
-    models = holder.get(settings.preset)
-    if stop.is_set():  # stopped while the models loaded
-        return
+    with holder.using(settings.preset) as models:
+        if stop.is_set():  # stopped while the models loaded
+            return
+        yield from _reply(models, turns, settings, stop)
+
+
+def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: threading.Event) -> Iterator[View]:
+    """Stream the reply to the last turn (or the baseline, then the speculative reply)."""
+    turn = turns[-1]
     params = settings.sampling()
     prompt_ids = checked_prompt(models, turns)
     models_text = _describe(models)

@@ -195,6 +195,39 @@ def test_stop_button_ends_the_engine_within_one_round(app_server, client):
     assert token_spans(after["chat"][1])  # the stopped reply stays in the history
 
 
+def test_a_cancelled_reply_never_overlaps_the_next(app_server):
+    """gradio frees the queue slot on cancel before the cancelled generator's step ends;
+    the device lock keeps the next reply from running model steps alongside it."""
+    target = app_server.holder.get("tiny").target
+    running, overlaps, forwards = [0], [], []
+
+    def before(*_):
+        running[0] += 1
+        overlaps.append(running[0])
+        forwards.append(1)
+
+    def after(*_):
+        running[0] -= 1
+
+    hooks = [target.register_forward_pre_hook(before), target.register_forward_hook(after)]
+    try:
+        for _ in range(3):
+            first, second = Client(app_server.url, verbose=False), Client(app_server.url, verbose=False)
+            job = send(first, "Long", baseline=True, max_new_tokens=400)
+            start = len(forwards)
+            while len(forwards) < start + 10:
+                time.sleep(0.005)
+            waiting = send(second, "Next", max_new_tokens=8)  # queued behind the long one
+            while waiting.status().code != Status.IN_QUEUE:
+                time.sleep(0.005)
+            job.cancel()  # the queued reply starts at once
+            assert token_spans(outputs(waiting)["chat"][1])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert max(overlaps) == 1
+
+
 def test_retry_replaces_the_last_reply_and_clear_empties(client):
     first = outputs(send(client, "Once"))
     again = dict(zip(OUT, client.predict(*controls(), api_name="/retry")))
