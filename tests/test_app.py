@@ -255,6 +255,17 @@ def test_second_user_waits_in_the_queue(app_server):
     assert long_job.done() and token_spans(outputs(waiting)["chat"][1])
 
 
+def test_preset_menu_swaps_models_and_frees_the_old_ones(app_server, client):
+    old = app_server.holder.get("tiny")
+    models_text, name, drafter, draft_length, adaptive = client.predict("tiny-nodraft", api_name="/load_preset")
+    assert (name, drafter, draft_length, adaptive) == ("tiny-nodraft", "prompt_lookup", 5, True)
+    assert old.target is None and old.draft is None  # unloaded before the new preset loaded
+    assert "target: ./target" in models_text and "draft:" not in models_text
+    assert app_server.holder.models.preset.name == "tiny-nodraft"
+    _, name, *_ = client.predict("tiny", api_name="/load_preset")
+    assert name == "tiny" and app_server.holder.models.draft is not None
+
+
 # ---------------------------------------------------------------- errors: message, history intact
 
 
