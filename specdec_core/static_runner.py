@@ -134,19 +134,20 @@ class StaticSteps:
         """Compile (and on CUDA, record the graph of) every step shape, with a progress bar."""
         from tqdm.auto import tqdm
 
+        if not self.compiled:
+            return
         started = time.perf_counter()
         slot = self._slots[0]
         calls = 3 if self.cuda else 1  # cudagraph trees: warm-up run, recording, first replay
+        shapes = tqdm(self.step_sizes, desc=f"compiling {self.name}", unit="shape", disable=not progress, leave=False)
         with torch.no_grad():
-            for size in tqdm(self.step_sizes, desc=f"compiling {self.name}", unit="shape",
-                             disable=not progress or not self.compiled, leave=False):
+            for size in shapes:
                 for _ in range(calls):
-                    if not self.compiled:
-                        return
-                    self._fixed_step(slot, [PAD_TOKEN] * size, 0, size)
+                    self._fixed_step(slot, [PAD_TOKEN] * size, 0, size)  # stale slots: masked later
+                if not self.compiled:  # it failed and fell back (logged once)
+                    return
         self.warmup_s = time.perf_counter() - started
-        if self.compiled:
-            logger.info("compiled %d step shapes of %s in %.1f s", len(self.step_sizes), self.name, self.warmup_s)
+        logger.info("compiled %d step shapes of %s in %.1f s", len(self.step_sizes), self.name, self.warmup_s)
 
     # ------------------------------------------------------------ used by StaticCacheRunner
 
@@ -159,7 +160,7 @@ class StaticSteps:
             return logits[-1:] if last_only else logits
         return self._eager(slot, token_ids, start, last_only)
 
-    def spill_logged(self) -> bool:
+    def first_spill(self) -> bool:
         """True the first time a sequence outgrows the cache (so that is logged once)."""
         first, self._spill_logged = not self._spill_logged, True
         return first
@@ -294,7 +295,7 @@ class StaticCacheRunner:
     def _spill(self) -> None:
         """The sequence outgrew the static cache: copy what it holds into a dynamic one."""
         steps = self._steps
-        if steps.spill_logged():
+        if steps.first_spill():
             logger.warning(
                 "%s: a sequence outgrew the %d-token static cache; it continues eagerly", steps.name, steps.max_length
             )
