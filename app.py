@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -477,6 +478,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--auth", default=os.environ.get(AUTH_ENV),
                         help=f"USER:PASSWORD login in front of the app (or set {AUTH_ENV})")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="starting value of the slider")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="compiled static-cache decoding, compiled while the models load (default: "
+                             "the preset's `compile`; auto = on with CUDA, off on CPU)")
     args = parser.parse_args(argv)
     if args.auth is not None and ":" not in args.auth:
         parser.error("--auth takes USER:PASSWORD")
@@ -507,7 +511,8 @@ def launch(demo: gr.Blocks, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        demo = build_ui(args.preset, args.config, args.max_new_tokens)
+        holder = ModelHolder(args.config, loader=functools.partial(load_preset, compile=args.compile))
+        demo = build_ui(args.preset, args.config, args.max_new_tokens, holder=holder)
     except (ValueError, FileNotFoundError) as error:  # ConfigError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2
