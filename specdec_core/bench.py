@@ -1,0 +1,368 @@
+"""Benchmark: our engine against Hugging Face generate, assisted generation and prompt lookup.
+
+    python -m specdec_core.bench --preset NAME [--config PATH] [--questions PATH]
+        [--categories a,b] [--limit N] [--max-new-tokens N] [--repeats N]
+        [--methods ours-baseline,ours-model,ours-lookup,hf-generate,hf-assisted,hf-lookup]
+        [--temperature T] [--out DIR]
+
+Flags and outputs are a contract (issue 5). Every method gets the same chat-template prompt and
+the same max_new_tokens; methods are interleaved per question (their order rotates, so machine
+drift hits all alike); each question is warmed up once per method, then the median of
+--repeats timed runs is kept. Greedy runs check that every method's output equals
+ours-baseline's: a mismatch of one of our methods is a bug and the command exits with 1 (after
+writing the results); a mismatch of a Hugging Face method is reported only. Bad flags, presets
+or files exit with 2 and a one-line error.
+
+Outputs in DIR: results.json, results.md, speedup.png, acceptance.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .bench_methods import METHODS, NEEDS_DRAFT_MODEL, OURS_BASELINE, Run, make_methods, timed_run
+from .bench_questions import DEFAULT_QUESTIONS, Question, load_questions
+from .config import ConfigError
+from .sources import LoadError
+
+EXIT_MISMATCH = 1
+EXIT_ERROR = 2
+DEFAULT_OUT = "bench-results"
+MAX_PROBED_DRAFT = 20  # verify steps are probed for draft lengths up to this
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    try:
+        return run(args, command="python -m specdec_core.bench " + shlex.join(argv))
+    except (ConfigError, LoadError, ValueError) as error:
+        print(f"error: {' '.join(str(error).split()) or type(error).__name__}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m specdec_core.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", required=True, help="preset name from models.yaml (or auto)")
+    p.add_argument("--config", help="a models.yaml of your own (default: the repo's)")
+    p.add_argument("--questions", help="Spec-Bench JSONL (default: the project's own small set)")
+    p.add_argument("--categories", help="comma-separated families (mt_bench, translation, summarization, qa, "
+                   "math_reasoning, rag) or raw categories; default: all")
+    p.add_argument("--limit", type=int, help="at most N questions per family")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per question and method (median kept)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {','.join(METHODS)}")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("--seed", type=int, default=0, help="base seed of sampling runs (temperature > 0)")
+    p.add_argument("--warmup-tokens", type=int, default=16,
+                   help="max_new_tokens of the untimed warm-up run per question and method (0: none)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice, usually one per core)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
+    return p
+
+
+def run(args: argparse.Namespace, command: str = "") -> int:
+    from .chat import chat_prompt_ids
+    from .loading import load_preset
+    from .sampling import SamplingParams
+
+    methods = _methods(args.methods)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.warmup_tokens < 0:
+        raise ValueError(f"--warmup-tokens must be 0 or more, got {args.warmup_tokens}")
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    questions = load_questions(args.questions, categories, args.limit)
+    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    _quiet_transformers()
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    load_before = _load_average()
+    started = time.perf_counter()
+    models = load_preset(args.preset, args.config, load_draft=any(m in NEEDS_DRAFT_MODEL for m in methods))
+    _inform(f"preset: {models.preset.name}", *models.notes, models.describe())
+    bench_methods = make_methods(methods, models)
+    prompts = {
+        q.question_id: chat_prompt_ids(models.tokenizer, [{"role": "user", "content": q.prompt}]) for q in questions
+    }
+    runs = measure(questions, prompts, bench_methods, params, args.repeats, args.warmup_tokens, args.seed)
+
+    from .bench_report import plot_acceptance, plot_speedup, summarize, write_json, write_markdown
+    from .bench_theory import probe_all
+
+    _inform("probing step costs ...")
+    draft = models.draft if any(m in NEEDS_DRAFT_MODEL for m in methods) else None
+    max_k = min(MAX_PROBED_DRAFT, max([1] + [d for rs in runs.values() for r in rs for d, _ in r.rounds]))
+    costs = probe_all(models.target, draft, _representative_prompts(questions, prompts), max_k)
+    summary = summarize(questions, runs, methods, params.greedy, costs)
+    report = {
+        "command": command,
+        "preset": _preset_info(models),
+        "models": [dataclasses.asdict(info) for info in models.info],
+        "device": _device(models.target),
+        "machine": _machine(load_before),
+        "versions": _versions(),
+        "settings": {
+            "methods": methods,
+            "questions_file": str(args.questions) if args.questions else _display(DEFAULT_QUESTIONS),
+            "questions": len(questions),
+            "categories": categories,
+            "limit_per_category": args.limit,
+            "max_new_tokens": args.max_new_tokens,
+            "repeats": args.repeats,
+            "warmup_tokens": min(args.warmup_tokens, args.max_new_tokens),
+            "temperature": args.temperature,
+            "seed": args.seed if not params.greedy else None,
+            "hf": _hf_settings(bench_methods, params),
+            "elapsed_s": time.perf_counter() - started,
+        },
+        **summary,
+        "step_costs": {family: c.as_dict() for family, c in costs.items()},
+        "per_question": _per_question(questions, prompts, runs, methods, summary["identity"]),
+    }
+    write_json(out / "results.json", report)
+    write_markdown(out / "results.md", report)
+    plot_speedup(out / "speedup.png", report)
+    plot_acceptance(out / "acceptance.png", report)
+    _inform(*_closing_lines(report, out))
+    mismatched = [m for m, v in summary["identity"].items() if v and m.startswith("ours-") and v["mismatched_questions"]]
+    if mismatched:
+        for m in mismatched:
+            print(f"error: {m} differs from ours-baseline on questions "
+                  f"{', '.join(summary['identity'][m]['mismatched_questions'])} (greedy must be identical)",
+                  file=sys.stderr)
+        return EXIT_MISMATCH
+    return 0
+
+
+def measure(
+    questions: list[Question], prompts: dict, methods: list, params, repeats: int, warmup_tokens: int, seed: int = 0
+) -> dict[tuple[str, str], list[Run]]:
+    """Timed runs per (question id, method name). Methods are interleaved per question and their
+    order rotates with the question and the repeat; each question is warmed up once per method."""
+    from tqdm import tqdm
+
+    warmup = dataclasses.replace(params, max_new_tokens=min(warmup_tokens, params.max_new_tokens) or 1)
+    runs: dict[tuple[str, str], list[Run]] = {(q.question_id, m.name): [] for q in questions for m in methods}
+    total = len(questions) * len(methods) * (repeats + (1 if warmup_tokens else 0))
+    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True) as bar:
+        for qi, q in enumerate(questions):
+            ids = prompts[q.question_id]
+            order = _rotated(methods, qi)
+            if warmup_tokens:
+                for method in order:
+                    bar.set_postfix_str(f"{q.family} warm-up {method.name}", refresh=False)
+                    timed_run(method, ids, warmup)
+                    bar.update(1)
+            for r in range(repeats):
+                run_params = params if params.greedy else dataclasses.replace(params, seed=seed + 1000 * qi + r)
+                for method in _rotated(order, r):
+                    bar.set_postfix_str(f"{q.family} {method.name}", refresh=False)
+                    runs[q.question_id, method.name].append(timed_run(method, ids, run_params))
+                    bar.update(1)
+    return runs
+
+
+def _rotated(items: list, by: int) -> list:
+    by %= max(len(items), 1)
+    return items[by:] + items[:by]
+
+
+def _methods(text: str) -> list[str]:
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in METHODS]
+    if unknown or not names:
+        raise ValueError(f"unknown methods {', '.join(unknown) or '(none given)'}; methods: {', '.join(METHODS)}")
+    return names
+
+
+def _representative_prompts(questions: list[Question], prompts: dict) -> dict[str, list[int]]:
+    """Per family, the prompt of median length: step costs grow with the context."""
+    chosen = {}
+    for family in dict.fromkeys(q.family for q in questions):
+        members = sorted((len(prompts[q.question_id]), q.question_id) for q in questions if q.family == family)
+        chosen[family] = prompts[members[(len(members) - 1) // 2][1]]
+    return chosen
+
+
+def _per_question(questions, prompts, runs, methods, identity) -> list[dict]:
+    rows = []
+    for q in questions:
+        row = {"question_id": q.question_id, "category": q.category, "family": q.family,
+               "prompt_tokens": len(prompts[q.question_id]), "methods": {}}
+        for m in methods:
+            rs = runs[q.question_id, m]
+            same = identity.get(m)
+            row["methods"][m] = {
+                "new_tokens": rs[0].new_tokens,
+                "wall_s": [r.wall_s for r in rs],
+                "median_wall_s": statistics.median(r.wall_s for r in rs),
+                "target_forwards": len(rs[0].rounds),
+                "identical_to_baseline": None if same is None else q.question_id not in same["mismatched_questions"],
+            }
+        rows.append(row)
+    return rows
+
+
+def _closing_lines(report: dict, out: Path) -> list[str]:
+    lines = [f"wrote {out / 'results.json'}, results.md, speedup.png, acceptance.png"]
+    for method, per_family in report["results"].items():
+        overall = per_family["overall"]
+        vs = overall.get("speedup_vs_hf_generate")
+        lines.append(
+            f"{method:>14}: {overall['tokens_per_second']:.1f} tokens/s"
+            + (f", {vs:.2f}x hf-generate" if vs else "")
+            + f", {overall['mean_accepted_tokens']:.2f} tokens per target forward"
+        )
+    for t in report["targets"]:
+        lines.append(f"target {'met   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']:.2f} (needs {t['threshold']})")
+    return lines
+
+
+# ---------------------------------------------------------------- what ran where
+
+
+def _preset_info(models) -> dict:
+    p = models.preset
+    return {
+        "name": p.name, "description": p.description, "target": p.target.label,
+        "draft": p.draft.label if p.draft else None, "dtype": p.dtype, "draft_quantization": p.draft_quantization,
+        "draft_length": p.draft_length, "adaptive": p.adaptive,
+    }
+
+
+def _hf_settings(methods: list, params) -> dict:
+    from .bench_methods import HF_ASSISTED, HFMethod
+
+    hf = [m for m in methods if isinstance(m, HFMethod)]
+    if not hf:
+        return {}
+    config = hf[0].generation_config(params)
+    settings = {
+        "generation_config": {k: getattr(config, k) for k in (
+            "do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "eos_token_id", "pad_token_id")},
+        "prompt_lookup_num_tokens": 10,
+    }
+    assisted = [m for m in hf if m.name == HF_ASSISTED]
+    if assisted:
+        from transformers import GenerationConfig
+
+        own = assisted[0].draft.generation_config
+        try:  # what generate() falls back to for settings the draft's config leaves unset
+            defaults = GenerationConfig()._get_default_generation_params()
+        except AttributeError:
+            defaults = {}
+        settings["assistant"] = {
+            k: getattr(own, k, None) if getattr(own, k, None) is not None else defaults.get(k)
+            for k in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+        }
+    return settings
+
+
+def _device(model) -> str:
+    import torch
+
+    device = str(model.device)
+    if device.startswith("cuda"):
+        return f"{device} ({torch.cuda.get_device_name(model.device)})"
+    return device
+
+
+def _machine(load_before) -> dict:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        ram_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    except (ValueError, OSError, AttributeError):
+        ram_gb = None
+    cores = os.cpu_count()
+    return {
+        "summary": f"{cpu}, {cores} logical cores" + (f", {ram_gb:.0f} GB RAM" if ram_gb else "")
+        + f", {platform.system()} {platform.release()}",
+        "cpu": cpu,
+        "logical_cores": cores,
+        "ram_gb": ram_gb,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "load_before": load_before,
+        "load_after": _load_average(),
+    }
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for package in ("torch", "transformers", "accelerate", "bitsandbytes", "numpy", "matplotlib", "tqdm"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    versions["specdec"] = _git_commit()
+    return versions
+
+
+def _git_commit() -> str:
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return commit or "unknown"
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _quiet_transformers() -> None:
+    """Assisted generation logs deprecation notes on every call; they would break the progress bar."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+
+
+def _inform(*lines: str) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The decoding methods the benchmark compares, timed alike and traced alike.
+
+ours-*  SpeculativeEngine with drafter none / model / prompt_lookup (the preset's draft length
+        and adaptivity).
+hf-*    Hugging Face `generate()`: plain greedy, assisted generation with the preset's draft as
+        `assistant_model`, and prompt lookup (`prompt_lookup_num_tokens=10`).
+
+Every method is timed with the same wall clock around one whole generation. What each target
+forward did (how many tokens were drafted, how many kept) is read the same way for all methods:
+a forward pre-hook on the target records the cache length and the number of input tokens of
+every call, and `rounds_from_trace` turns that into (drafted, accepted) per decoding round.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from .engine import eos_token_ids
+from .sampling import SamplingParams
+
+OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lookup"
+HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "hf-generate", "hf-assisted", "hf-lookup"
+METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, HF_GENERATE, HF_ASSISTED, HF_LOOKUP)
+BASELINE_OF = {  # each speculative method's own plain decoding
+    OURS_MODEL: OURS_BASELINE, OURS_LOOKUP: OURS_BASELINE, HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
+}
+NEEDS_DRAFT_MODEL = (OURS_MODEL, HF_ASSISTED)
+HF_LOOKUP_TOKENS = 10  # what HF's docs suggest and users copy
+_OURS_DRAFTER = {OURS_BASELINE: "none", OURS_MODEL: "model", OURS_LOOKUP: "prompt_lookup"}
+
+
+@dataclass
+class Run:
+    """One timed generation of one method."""
+
+    method: str
+    token_ids: list[int]
+    wall_s: float
+    rounds: list[tuple[int, int]]  # (drafted, accepted) per decoding forward of the target
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class RoundCounts:
+    """Counters summed over runs; what the report and the theory check are computed from."""
+
+    new_tokens: int = 0
+    wall_s: float = 0.0
+    rounds: int = 0  # target decoding forwards (a prefill that yields no token is not one)
+    plain_rounds: int = 0  # rounds with nothing drafted
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0  # drafting rounds that stopped at a rejected token
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+
+    def add(self, run: Run) -> None:
+        self.new_tokens += run.new_tokens
+        self.wall_s += run.wall_s
+        for drafted, accepted in run.rounds:
+            self.rounds += 1
+            self.plain_rounds += drafted == 0
+            self.drafted += drafted
+            self.accepted += accepted
+            self.rejections += accepted < drafted
+            grow = drafted - len(self.drafted_by_position)
+            if grow > 0:
+                self.drafted_by_position += [0] * grow
+                self.accepted_by_position += [0] * grow
+            for position in range(drafted):
+                self.drafted_by_position[position] += 1
+            for position in range(accepted):
+                self.accepted_by_position[position] += 1
+
+
+class OursMethod:
+    """SpeculativeEngine with one drafter."""
+
+    def __init__(self, name: str, engine) -> None:
+        self.name, self.engine = name, engine
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        return self.engine.generate(prompt_ids, params).token_ids
+
+
+class HFMethod:
+    """`model.generate()` made comparable: the same eos ids, an attention mask, batch 1, and a
+    generation config holding only the token ids, so no repetition penalty or other extra the
+    model's own generation config might carry changes what greedy means."""
+
+    def __init__(self, name: str, target, tokenizer, draft=None) -> None:
+        from transformers import GenerationConfig
+
+        if name == HF_ASSISTED and draft is None:
+            raise ValueError("hf-assisted needs the preset's draft model, and this preset has none")
+        self.name, self.target, self.draft = name, target, draft
+        eos = sorted(eos_token_ids(tokenizer, target))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+        bos = getattr(target.generation_config, "bos_token_id", None)
+        self._clean = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
+        self._eos, self._pad = eos, pad
+
+    def generation_config(self, params: SamplingParams):
+        """Plain greedy (or plain sampling at the engine's temperature/top-k/top-p)."""
+        from transformers import GenerationConfig
+
+        sample = not params.greedy
+        return GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sample,
+            temperature=params.temperature if sample else 1.0,
+            top_k=params.top_k if sample else 0,  # 0: off, as in SamplingParams
+            top_p=params.top_p if sample else 1.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            min_new_tokens=0,
+            num_beams=1,
+            eos_token_id=self._eos,
+            pad_token_id=self._pad,
+            prompt_lookup_num_tokens=HF_LOOKUP_TOKENS if self.name == HF_LOOKUP else None,
+            use_cache=True,
+        )
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        input_ids = torch.tensor([prompt_ids], device=self.target.device)
+        extra = {"assistant_model": self.draft} if self.name == HF_ASSISTED else {}
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        with _generation_config(self.target, self._clean):
+            output = self.target.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                generation_config=self.generation_config(params),
+                **extra,
+            )
+        return output[0, len(prompt_ids) :].tolist()
+
+
+def make_methods(names: list[str], models) -> list:
+    """Build the named methods from a LoadedModels (see loading.load_preset)."""
+    methods = []
+    for name in names:
+        if name in _OURS_DRAFTER:
+            methods.append(OursMethod(name, models.make_engine(drafter=_OURS_DRAFTER[name])))
+        elif name in (HF_GENERATE, HF_ASSISTED, HF_LOOKUP):
+            methods.append(HFMethod(name, models.target, models.tokenizer, models.draft))
+        else:
+            raise ValueError(f"unknown method {name!r}; methods: {', '.join(METHODS)}")
+    return methods
+
+
+def timed_run(method, prompt_ids: list[int], params: SamplingParams) -> Run:
+    """Generate once under the wall clock, tracing the target's forwards."""
+    target = method.engine.target_model if isinstance(method, OursMethod) else method.target
+    with trace_forwards(target) as calls:
+        start = time.perf_counter()
+        token_ids = method.generate(prompt_ids, params)
+        wall_s = time.perf_counter() - start
+    rounds = rounds_from_trace(calls, len(prompt_ids), len(prompt_ids) + len(token_ids))
+    return Run(method.name, token_ids, wall_s, rounds)
+
+
+@contextmanager
+def trace_forwards(model) -> Iterator[list[tuple[int, int]]]:
+    """Record (tokens in the cache, new input tokens) for every forward call of `model`."""
+    calls: list[tuple[int, int]] = []
+
+    def hook(module, args, kwargs):
+        input_ids = kwargs.get("input_ids")
+        if input_ids is None and args:
+            input_ids = args[0]
+        cache = kwargs.get("cache")
+        if cache is None:
+            cache = kwargs.get("past_key_values")
+        cached = cache.get_seq_length() if cache is not None else 0
+        calls.append((int(cached), int(input_ids.shape[-1])))
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+def rounds_from_trace(calls: list[tuple[int, int]], prompt_len: int, final_len: int) -> list[tuple[int, int]]:
+    """(drafted, accepted) for each decoding forward, from (cached, inputs) per target call.
+
+    A decoding forward runs the sequence's last token (or the whole prompt, for a first call
+    over an empty cache) plus k drafted tokens, and yields the accepted drafts plus one token
+    of its own; the next forward then starts at the new sequence length. So with S_i the
+    sequence length when forward i starts, accepted_i = S_{i+1} - S_i - 1, and the last one is
+    bounded by the final length. A prefill over fewer tokens than the prompt (the engine fills
+    the cache with all but the last prompt token) yields nothing and is not a round.
+    """
+    starts: list[tuple[int, int]] = []  # (S_i, k_i)
+    for cached, inputs in calls:
+        if cached == 0:
+            if inputs < prompt_len:
+                continue  # prefill only
+            starts.append((prompt_len, inputs - prompt_len))
+        else:
+            starts.append((cached + 1, inputs - 1))
+    rounds = []
+    for i, (start, drafted) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else final_len
+        accepted = max(0, min(drafted, end - start - 1))
+        rounds.append((drafted, accepted))
+    return rounds
+
+
+@contextmanager
+def _generation_config(model, config) -> Iterator[None]:
+    """Let `generate` see `config` as the model's own generation config, then put it back."""
+    saved = model.generation_config
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = saved

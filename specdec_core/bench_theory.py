@@ -1,0 +1,191 @@
+"""The theory check: the speedup Leviathan et al. predict from measured acceptance and costs.
+
+Costs are measured with small timing probes through specdec_core.runner.CachedModel on one
+prompt of each category: a target 1-token step, a target verify step over 1 + k tokens for
+each draft length k used, a draft-model 1-token step and a prompt-lookup search. The
+efficiency of a method is its measured speedup over its own plain decoding divided by the
+predicted one; what is missing to 1.0 is overhead the formula does not know about.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .bench_methods import RoundCounts
+from .drafters import find_continuation
+from .runner import CachedModel
+
+
+def expected_tokens_per_round(a: float, g: float) -> float:
+    """Expected tokens one target forward yields: (1 - a^(g+1)) / (1 - a).
+
+    a: probability that a drafted token is accepted (independently at each position);
+    g: draft length. The accepted drafts plus the target's own token (Leviathan et al.,
+    arXiv 2211.17192, eq. 1). Equals g + 1 at a = 1 and 1 at a = 0.
+    """
+    if not 0.0 <= a <= 1.0 or g < 0:
+        raise ValueError(f"need 0 <= a <= 1 and g >= 0, got a={a}, g={g}")
+    if a == 1.0:
+        return g + 1.0
+    return (1.0 - a ** (g + 1.0)) / (1.0 - a)
+
+
+def leviathan_speedup(a: float, g: float, c: float, v: float = 1.0) -> float:
+    """Predicted speedup over plain decoding: (1 - a^(g+1)) / ((1 - a) (g c + v)).
+
+    a: acceptance probability per drafted token; g: draft length; c: cost of one draft step
+    relative to one target 1-token step; v: cost of the target's verify step over 1 + g tokens
+    relative to a 1-token step. Leviathan et al. (arXiv 2211.17192, Theorem 3.8) take v = 1;
+    on a CPU a verify step costs more than a 1-token step, so it is measured.
+
+    Example: a = 0.8, g = 4, c = 0.1, v = 1.2 gives 3.3616 / 1.6 = 2.101.
+    """
+    if c < 0 or v <= 0:
+        raise ValueError(f"need c >= 0 and v > 0, got c={c}, v={v}")
+    return expected_tokens_per_round(a, g) / (g * c + v)
+
+
+def predicted_speedup(a: float, g: float, c: float, v: float, draft_share: float = 1.0) -> float:
+    """Leviathan's speedup when only a share of the rounds drafts (the others are plain steps).
+
+    Per round: with probability draft_share the round drafts g tokens (cost g c + v, yields
+    expected_tokens_per_round(a, g) tokens), else it is a plain step (cost 1, yields 1 token).
+    draft_share = 1 gives leviathan_speedup(a, g, c, v).
+    """
+    if not 0.0 <= draft_share <= 1.0:
+        raise ValueError(f"need 0 <= draft_share <= 1, got {draft_share}")
+    tokens = draft_share * expected_tokens_per_round(a, g) + (1.0 - draft_share)
+    cost = draft_share * (g * c + v) + (1.0 - draft_share)
+    return tokens / cost
+
+
+def acceptance_probability(counts: RoundCounts) -> float:
+    """Leviathan's a, estimated from rounds: kept drafts / (kept drafts + rejections).
+
+    Tokens after the first rejection of a round are never tried, so they don't count against
+    a (accepted / drafted, the engine's acceptance_rate, does count them).
+    """
+    tried = counts.accepted + counts.rejections
+    return counts.accepted / tried if tried else 0.0
+
+
+@dataclass
+class StepCosts:
+    """Median times of single steps (seconds) at one context length."""
+
+    context_tokens: int
+    target_step_s: float  # target forward over 1 new token
+    verify_s: dict[int, float]  # k -> target forward over 1 + k new tokens
+    draft_step_s: float | None  # draft model forward over 1 new token (None: no draft)
+    lookup_s: float  # one prompt-lookup search over the context
+
+    def verify_ratio(self, g: float) -> float:
+        """v: verify cost over 1 + g tokens relative to a 1-token step (interpolated in g)."""
+        ks = sorted(self.verify_s)
+        g = min(max(g, ks[0]), ks[-1])
+        low = max(k for k in ks if k <= g)
+        high = min(k for k in ks if k >= g)
+        t = self.verify_s[low] if low == high else (
+            self.verify_s[low] + (g - low) / (high - low) * (self.verify_s[high] - self.verify_s[low])
+        )
+        return t / self.target_step_s
+
+    def as_dict(self) -> dict:
+        return {
+            "context_tokens": self.context_tokens,
+            "target_step_ms": 1e3 * self.target_step_s,
+            "verify_ms": {str(k): 1e3 * t for k, t in sorted(self.verify_s.items())},
+            "verify_ratio": {str(k): t / self.target_step_s for k, t in sorted(self.verify_s.items())},
+            "draft_step_ms": None if self.draft_step_s is None else 1e3 * self.draft_step_s,
+            "draft_cost_ratio_c": None if self.draft_step_s is None else self.draft_step_s / self.target_step_s,
+            "lookup_ms": 1e3 * self.lookup_s,
+        }
+
+
+def measure_step_costs(
+    target, draft, prompt_ids: list[int], max_k: int, repeats: int = 5
+) -> StepCosts:
+    """Time the steps a round is made of, after a prefill of `prompt_ids`.
+
+    Each probe is a forward over the tokens after the prompt, cropped back afterwards, so every
+    probe sees the same context length; the median of `repeats` timings is kept.
+    """
+    context, last = prompt_ids[:-1], prompt_ids[-1]
+    filler = (prompt_ids * (max_k // max(len(prompt_ids), 1) + 1))[:max_k]  # any real tokens
+    target_runner = CachedModel(target)
+    if context:
+        target_runner.forward(context, last_only=True)
+
+    def step(runner: CachedModel, tokens: list[int]) -> float:
+        keep = runner.length
+        start = time.perf_counter()
+        runner.forward(tokens)
+        spent = time.perf_counter() - start
+        runner.crop(keep)
+        return spent
+
+    def median(runner: CachedModel, tokens: list[int]) -> float:
+        step(runner, tokens)  # warm-up
+        return statistics.median(step(runner, tokens) for _ in range(repeats))
+
+    verify = {k: median(target_runner, [last, *filler[:k]]) for k in range(0, max_k + 1)}
+    draft_step = None
+    if draft is not None:
+        draft_runner = CachedModel(draft)
+        if context:
+            draft_runner.forward(context, last_only=True)
+        draft_step = median(draft_runner, [last])
+    lookup = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        find_continuation(prompt_ids, 3, 1, 10)
+        lookup.append(time.perf_counter() - start)
+    return StepCosts(
+        context_tokens=len(prompt_ids),
+        target_step_s=verify[0],
+        verify_s={k: t for k, t in verify.items() if k > 0} or {0: verify[0]},
+        draft_step_s=draft_step,
+        lookup_s=statistics.median(lookup),
+    )
+
+
+def theory_check(
+    counts: RoundCounts, costs: StepCosts, uses_draft_model: bool, measured_speedup: float | None
+) -> dict:
+    """Leviathan's prediction for one method on one category, and the efficiency it implies.
+
+    c is per drafted token: the draft model's step cost ratio, or for prompt lookup the
+    search's cost per round spread over the round's mean draft length.
+    """
+    drafting_rounds = counts.rounds - counts.plain_rounds
+    a = acceptance_probability(counts)
+    g = counts.drafted / drafting_rounds if drafting_rounds else 0.0
+    share = drafting_rounds / counts.rounds if counts.rounds else 0.0
+    if uses_draft_model and costs.draft_step_s is not None:
+        c = costs.draft_step_s / costs.target_step_s
+    else:
+        c = costs.lookup_s / costs.target_step_s / g if g else 0.0
+    v = costs.verify_ratio(g) if g else 1.0
+    predicted = predicted_speedup(a, g, c, v, share) if g else 1.0
+    efficiency = measured_speedup / predicted if measured_speedup is not None and predicted else None
+    return {
+        "a": a,
+        "g": g,
+        "c": c,
+        "v": v,
+        "draft_share": share,
+        "expected_tokens_per_drafting_round": expected_tokens_per_round(a, g) if g else 1.0,
+        "predicted_speedup": predicted,
+        "measured_speedup": measured_speedup,
+        "efficiency": efficiency,
+    }
+
+
+@torch.inference_mode()
+def probe_all(target, draft, prompts: dict[str, list[int]], max_k: int, repeats: int = 5) -> dict[str, StepCosts]:
+    """StepCosts for each category's representative prompt."""
+    return {name: measure_step_costs(target, draft, ids, max_k, repeats) for name, ids in prompts.items()}

@@ -1,0 +1,236 @@
+"""The benchmark: the theory formula against hand-computed values, the round accounting, the
+question sets, and a small run of `python -m specdec_core.bench` on tiny models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specdec_core import bench
+from specdec_core.bench_methods import METHODS, RoundCounts, Run, rounds_from_trace, timed_run
+from specdec_core.bench_questions import DEFAULT_QUESTIONS, FAMILIES, MT_BENCH_CATEGORIES, load_questions
+from specdec_core.bench_theory import (
+    StepCosts,
+    acceptance_probability,
+    expected_tokens_per_round,
+    leviathan_speedup,
+    predicted_speedup,
+)
+
+SPEC_BENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench_questions.jsonl"
+FIGURES = ("tokens_per_second", "speedup_vs_hf_generate", "speedup_vs_ours_baseline", "mean_accepted_tokens",
+           "acceptance_rate", "identical_to_baseline")
+
+
+# ---------------------------------------------------------------- theory (hand-computed values)
+
+
+def test_expected_tokens_per_round_by_hand():
+    assert expected_tokens_per_round(0.8, 4) == pytest.approx((1 - 0.32768) / 0.2)  # 3.3616
+    assert expected_tokens_per_round(0.5, 2) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
+    assert expected_tokens_per_round(0.0, 5) == 1.0  # only the target's own token
+    assert expected_tokens_per_round(1.0, 3) == 4.0  # every draft plus the bonus
+
+
+def test_leviathan_speedup_by_hand():
+    assert leviathan_speedup(0.8, 4, c=0.1, v=1.2) == pytest.approx(3.3616 / 1.6)  # 2.101
+    assert leviathan_speedup(0.5, 2, c=0.2, v=1.4) == pytest.approx(1.75 / 1.8)  # 0.9722: loses
+    assert leviathan_speedup(0.0, 5, c=0.05) == pytest.approx(1 / 1.25)  # nothing accepted: 0.8
+    assert leviathan_speedup(1.0, 3, c=0.0) == pytest.approx(4.0)  # free perfect drafts
+    # The paper's own example (Table/Figure 3 setting): a = 0.7, g = 3, c = 0.05, v = 1.
+    assert leviathan_speedup(0.7, 3, c=0.05) == pytest.approx((1 - 0.7**4) / 0.3 / 1.15)  # 2.2
+
+
+def test_predicted_speedup_mixes_in_plain_rounds():
+    # Half the rounds draft (a=0.8, g=4, c=0.1, v=1.2), half are plain steps.
+    assert predicted_speedup(0.8, 4, 0.1, 1.2, draft_share=0.5) == pytest.approx(2.1808 / 1.3)
+    assert predicted_speedup(0.8, 4, 0.1, 1.2, draft_share=1.0) == pytest.approx(leviathan_speedup(0.8, 4, 0.1, 1.2))
+    assert predicted_speedup(0.3, 6, 0.9, 1.5, draft_share=0.0) == 1.0
+
+
+def test_theory_rejects_impossible_inputs():
+    with pytest.raises(ValueError):
+        expected_tokens_per_round(1.5, 3)
+    with pytest.raises(ValueError):
+        leviathan_speedup(0.5, 3, c=-0.1)
+    with pytest.raises(ValueError):
+        predicted_speedup(0.5, 3, 0.1, 1.0, draft_share=2.0)
+
+
+def test_acceptance_probability_ignores_tokens_after_a_rejection():
+    counts = RoundCounts()
+    # Round 1: 4 drafted, 2 kept, then a rejection (the last token is never tried).
+    # Round 2: 3 drafted, all kept. Round 3: plain.
+    counts.add(Run("m", [0] * 8, 1.0, [(4, 2), (3, 3), (0, 0)]))
+    assert acceptance_probability(counts) == pytest.approx(5 / 6)
+    assert counts.accepted / counts.drafted == pytest.approx(5 / 7)  # the engine's acceptance_rate
+    assert counts.plain_rounds == 1 and counts.rejections == 1 and counts.rounds == 3
+    assert counts.drafted_by_position == [2, 2, 2, 1] and counts.accepted_by_position == [2, 2, 1, 0]
+
+
+def test_verify_ratio_interpolates_between_probed_lengths():
+    costs = StepCosts(context_tokens=10, target_step_s=0.040, verify_s={1: 0.044, 3: 0.052},
+                      draft_step_s=0.01, lookup_s=0.0)
+    assert costs.verify_ratio(1) == pytest.approx(1.1)
+    assert costs.verify_ratio(2) == pytest.approx(1.2)
+    assert costs.verify_ratio(9) == pytest.approx(1.3)  # clamped to the longest probe
+
+
+# ---------------------------------------------------------------- round accounting
+
+
+def test_rounds_from_an_engine_trace():
+    # Prompt of 10 tokens: the engine prefills 9, then forwards [last, drafts...] each round.
+    calls = [(0, 9), (9, 5), (12, 1), (13, 4)]  # (cached, new inputs)
+    # Round 1: 4 drafted, sequence 10 -> 13: 2 kept. Round 2: plain. Round 3: 3 drafted,
+    # final length 17 after starting at 14: 2 kept (the budget or an eos ended it).
+    assert rounds_from_trace(calls, prompt_len=10, final_len=17) == [(4, 2), (0, 0), (3, 2)]
+
+
+def test_rounds_from_a_hugging_face_trace():
+    # HF's first forward runs the whole prompt (plus candidates when assisted).
+    # Prompt 10: 2 candidates in the prefill, both kept (sequence 13); then 2 more, 1 kept
+    # (sequence 15); then a plain step.
+    calls = [(0, 12), (12, 3), (14, 1)]
+    assert rounds_from_trace(calls, prompt_len=10, final_len=16) == [(2, 2), (2, 1), (0, 0)]
+
+
+# ---------------------------------------------------------------- questions
+
+
+def test_own_questions_cover_the_six_spec_bench_families():
+    questions = load_questions()
+    assert [f for f in FAMILIES if any(q.family == f for q in questions)] == list(FAMILIES)
+    for family in FAMILIES:
+        assert sum(q.family == family for q in questions) >= 3
+    assert DEFAULT_QUESTIONS.parent.name == "data" and DEFAULT_QUESTIONS.parent.parent.name == "specdec_core"
+
+
+def test_own_categories_are_spec_bench_category_names():
+    if not SPEC_BENCH.is_file():
+        pytest.skip(f"{SPEC_BENCH} is not here")
+    spec_bench = {q.category for q in load_questions(SPEC_BENCH)}
+    assert {q.category for q in load_questions()} <= spec_bench
+    assert set(MT_BENCH_CATEGORIES) <= spec_bench
+
+
+def test_spec_bench_limit_is_per_family_and_spreads_over_mt_bench_categories():
+    if not SPEC_BENCH.is_file():
+        pytest.skip(f"{SPEC_BENCH} is not here")
+    questions = load_questions(SPEC_BENCH, limit=5)
+    assert len(questions) == 30
+    conversation = [q for q in questions if q.family == "mt_bench"]
+    assert len({q.category for q in conversation}) == 5
+    assert [q.family for q in load_questions(SPEC_BENCH, ["rag", "writing"], 2)] == ["mt_bench", "mt_bench", "rag", "rag"]
+
+
+def test_unknown_category_and_bad_file_are_one_line_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown categories poetry"):
+        load_questions(None, ["poetry"])
+    bad = tmp_path / "q.jsonl"
+    bad.write_text('{"question_id": 1, "category": "qa"}\n')
+    with pytest.raises(ValueError, match="line 1"):
+        load_questions(bad)
+
+
+# ---------------------------------------------------------------- a small run on tiny models
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_app_config, tmp_path_factory):
+    """`python -m specdec_core.bench` on the tiny preset: 2 questions, 8 tokens, every method."""
+    out = tmp_path_factory.mktemp("bench")
+    code = bench.main([
+        "--preset", "tiny", "--config", str(tiny_app_config), "--categories", "translation,rag",
+        "--limit", "1", "--max-new-tokens", "8", "--repeats", "1", "--warmup-tokens", "2", "--out", str(out),
+    ])
+    return code, out
+
+
+def test_small_run_writes_every_file_with_the_contract_keys(tiny_run):
+    code, out = tiny_run
+    assert code == 0
+    for name in ("results.json", "results.md", "speedup.png", "acceptance.png"):
+        assert (out / name).stat().st_size > 0
+    for name in ("speedup.png", "acceptance.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((out / "results.json").read_text())
+    for key in ("machine", "device", "versions", "preset", "settings", "results", "theory", "targets", "step_costs"):
+        assert key in report, key
+    assert report["preset"]["name"] == "tiny"
+    assert {"torch", "transformers"} <= set(report["versions"])
+    assert list(report["results"]) == list(METHODS)
+    for method in METHODS:
+        for category in ("translation", "rag", "overall"):
+            figures = report["results"][method][category]
+            assert set(FIGURES) <= set(figures), (method, category)
+            assert figures["tokens_per_second"] > 0
+    assert report["settings"]["questions"] == 2
+
+
+def test_small_run_greedy_outputs_equal_the_baseline(tiny_run):
+    code, out = tiny_run
+    report = json.loads((out / "results.json").read_text())
+    for method in ("ours-baseline", "ours-model", "ours-lookup", "hf-generate"):
+        assert report["identity"][method]["share"] == 1.0, method
+    assert report["results"]["ours-baseline"]["overall"]["speedup_vs_ours_baseline"] == pytest.approx(1.0)
+
+
+def test_small_run_has_a_theory_check_per_speculative_method(tiny_run):
+    _, out = tiny_run
+    report = json.loads((out / "results.json").read_text())
+    for method in ("ours-model", "ours-lookup", "hf-assisted", "hf-lookup"):
+        for category in ("translation", "rag"):
+            t = report["theory"][method][category]
+            assert t["predicted_speedup"] > 0 and t["efficiency"] > 0
+    assert report["step_costs"]["rag"]["target_step_ms"] > 0
+    markdown = (out / "results.md").read_text()
+    assert "| ours-lookup |" in markdown and "Theory check" in markdown
+
+
+def test_traced_rounds_agree_with_the_engine_stats(tiny_app_config):
+    from specdec_core.bench_methods import OursMethod
+    from specdec_core.loading import load_preset
+    from specdec_core.sampling import SamplingParams
+
+    models = load_preset("tiny", tiny_app_config)
+    prompt = list(range(100, 120)) * 3  # repetitive, so prompt lookup finds matches
+    for drafter in ("model", "prompt_lookup"):
+        method = OursMethod(drafter, models.make_engine(drafter=drafter, draft_length=3, adaptive=False))
+        run = timed_run(method, prompt, SamplingParams(max_new_tokens=12))
+        stats = method.engine.stats
+        counts = RoundCounts()
+        counts.add(run)
+        assert counts.rounds == stats.target_forwards - 1  # less the prefill
+        assert (counts.drafted, counts.accepted) == (stats.drafted_tokens, stats.accepted_tokens)
+        assert run.new_tokens == stats.new_tokens
+
+
+def test_a_mismatch_of_our_method_exits_non_zero(tiny_app_config, tmp_path, monkeypatch):
+    from specdec_core import bench_methods
+
+    real = bench_methods.OursMethod.generate
+
+    def corrupted(self, prompt_ids, params):
+        tokens = real(self, prompt_ids, params)
+        return tokens[:-1] + [tokens[-1] + 1] if self.name == "ours-lookup" else tokens
+
+    monkeypatch.setattr(bench_methods.OursMethod, "generate", corrupted)
+    code = bench.main([
+        "--preset", "tiny", "--config", str(tiny_app_config), "--categories", "qa", "--limit", "1",
+        "--max-new-tokens", "4", "--repeats", "1", "--warmup-tokens", "0",
+        "--methods", "ours-baseline,ours-lookup", "--out", str(tmp_path),
+    ])
+    assert code == bench.EXIT_MISMATCH
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["identity"]["ours-lookup"]["share"] == 0.0
+
+
+def test_bad_flags_are_one_line_errors(tiny_app_config, tmp_path, capsys):
+    for flags in (["--methods", "ours-turbo"], ["--categories", "poetry"], ["--repeats", "0"]):
+        code = bench.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path), *flags])
+        assert code == bench.EXIT_ERROR
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        assert len(lines) == 1
