@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import gradio as gr
@@ -260,124 +261,131 @@ def user_message(error: BaseException) -> str:
 def build_ui(preset: str = "auto", config_path: str | None = None, max_new_tokens: int = 256,
              holder: ModelHolder | None = None) -> gr.Blocks:
     """The chat app as a gr.Blocks (queued, not launched). Loads no model."""
-    holder = holder or ModelHolder(config_path)
-    stops = StopRequests()
     presets = load_presets(config_path)  # ConfigError here: a bad models.yaml fails at start
     if preset != "auto" and preset not in presets:
         raise ValueError(f"unknown preset {preset!r}; available: auto, {', '.join(presets)}")
-    start = presets.get(preset)
-
     with gr.Blocks(title="Speculative decoding chat") as demo:
-        turns = gr.State([])
-        gr.Markdown("# Speculative decoding chat\nEach reply token is coloured by where it came from.")
-        gr.HTML(R.legend_html(), elem_id="legend")
-        with gr.Row():
-            with gr.Column(scale=3):
-                with gr.Row():
-                    with gr.Column(visible=False) as baseline_pane:
-                        chat_baseline = gr.Chatbot(label="Baseline (plain decoding)", elem_id="chat-baseline",
-                                                   render_markdown=False, height=460)
-                    chat = gr.Chatbot(label="Chat", elem_id="chat", render_markdown=False, height=460)
-                speedup = gr.Markdown(R.speedup_markdown(None, None, None), elem_id="speedup", visible=False)
-                msg = gr.Textbox(label="Message", elem_id="msg", lines=2, placeholder="Ask something…")
-                with gr.Row():
-                    send = gr.Button("Send", elem_id="send", variant="primary")
-                    stop = gr.Button("Stop", elem_id="stop", variant="stop")
-                    retry = gr.Button("Retry", elem_id="retry")
-                    clear = gr.Button("Clear", elem_id="clear")
-                with gr.Row():
-                    baseline = gr.Checkbox(False, label="Baseline (no speculation)", elem_id="baseline")
-                    compare = gr.Checkbox(False, label="Side by side: baseline, then speculative",
-                                          elem_id="compare")
-            with gr.Column(scale=2, elem_id="stats"):
-                stats = gr.Markdown(R.stats_markdown(None, "speculative"), elem_id="stats-text")
-                plot = gr.BarPlot(R.acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
-                                  title="Acceptance by draft position", x_title="draft position",
-                                  y_title="accepted share", height=220, elem_id="acceptance-plot")
-                models_md = gr.Markdown(R.models_markdown(None), elem_id="models")
-        with gr.Accordion("Settings", open=True):
-            with gr.Row():
-                preset_menu = gr.Dropdown(_preset_choices(presets), value=preset, label="Preset",
-                                          elem_id="preset")
-                drafter = gr.Dropdown(DRAFTERS, value=start.drafter if start and start.drafter in
-                                      ("model", "prompt_lookup") else "prompt_lookup",
-                                      label="Drafter", elem_id="drafter",
-                                      info="A 4-bit draft model saves memory, not time: on GPUs nf4 "
-                                           "is slower per token than bf16.")
-                draft_length = gr.Slider(1, 16, value=start.draft_length if start else 5, step=1,
-                                         label="Draft length (start value when adaptive)", elem_id="draft-length")
-                adaptive = gr.Checkbox(start.adaptive if start else True, label="Adaptive draft length",
-                                       elem_id="adaptive")
-            with gr.Row():
-                temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
-                                        elem_id="temperature")
-                top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p (1 = off)", elem_id="top-p")
-                top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)", elem_id="top-k")
-                max_new = gr.Slider(1, max(4096, max_new_tokens), value=max_new_tokens, step=1,
-                                    label="Max new tokens", elem_id="max-new-tokens")
-
-        controls = [preset_menu, drafter, temperature, top_p, top_k, max_new, draft_length, adaptive,
-                    baseline, compare]
-        outputs = [msg, chat, chat_baseline, turns, stats, plot, speedup, models_md]
-
-        def respond(request: gr.Request, message: str, history: list, *values):
-            settings = Settings(*values)
-            if not (message or "").strip():
-                raise gr.Error("Empty message: type something in the box, then press Send.")
-            session = request.session_hash or ""
-            run = stops.begin(session)
-            try:
-                yield from _guarded(message, history,
-                                    lambda: _chat(holder, message, history, settings, run.stop))
-            finally:
-                stops.end(session, run)
-
-        def retry_last(request: gr.Request, history: list, *values):
-            if not history:
-                raise gr.Error("Nothing to retry yet: send a message first.")
-            yield from respond(request, history[-1]["user"], history[:-1], *values)
-
-        def stop_reply(request: gr.Request, panel: str) -> str:
-            stops.request(request.session_hash or "")
-            return R.stopped_markdown(panel)
-
-        def clear_all():
-            return View("", [], [], [], R.stats_markdown(None, "speculative"), R.acceptance_frame(None),
-                        R.speedup_markdown(None, None, None), _models_text(holder))
-
-        def change_preset(name: str, progress=gr.Progress()):
-            progress(0, desc=f"Loading preset {name}…")
-            try:
-                models = holder.get(name)
-            except (LoadError, ConfigError) as error:
-                raise gr.Error(str(error)) from None
-            except Exception as error:  # noqa: BLE001 - anything else still must not kill the UI
-                log.exception("loading preset %s failed", name)
-                raise gr.Error(user_message(error)) from None
-            return _preset_controls(models)
-
-        def page_opened(progress=gr.Progress()):
-            """Show what is loaded; a fresh server loads the start preset now, not at launch."""
-            return change_preset(preset if holder.models is None else "auto", progress)
-
-        chat_events = [
-            send.click(respond, [msg, turns, *controls], outputs, api_name="send", concurrency_id=DEVICE),
-            msg.submit(respond, [msg, turns, *controls], outputs, api_name=False, concurrency_id=DEVICE),
-            retry.click(retry_last, [turns, *controls], outputs, api_name="retry", concurrency_id=DEVICE),
-        ]
-        # The flag stops the engine within its round; cancelling also drops queued requests and
-        # closes the generator. queue=False: the stop must not wait behind what it stops.
-        stop.click(stop_reply, stats, stats, cancels=chat_events, api_name="stop", queue=False)
-        clear.click(clear_all, None, outputs, cancels=chat_events, api_name="clear")
-        preset_outputs = [models_md, preset_menu, drafter, draft_length, adaptive]
-        preset_menu.input(change_preset, preset_menu, preset_outputs, api_name="load_preset",
-                          concurrency_id=DEVICE)
-        demo.load(page_opened, None, preset_outputs, api_name=False, concurrency_id=DEVICE)
-        compare.change(lambda on: (gr.Column(visible=on), gr.Markdown(visible=on)), compare,
-                       [baseline_pane, speedup], api_name=False, queue=False)
-
+        ui = _layout(presets, preset, max_new_tokens)
+        _wire(demo, ui, holder or ModelHolder(config_path), StopRequests(), preset)
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
+
+
+def _layout(presets: dict, preset: str, max_new_tokens: int) -> SimpleNamespace:
+    """Place the components (inside a gr.Blocks); returns them by name."""
+    start = presets.get(preset)
+    ui = SimpleNamespace(turns=gr.State([]))
+    gr.Markdown("# Speculative decoding chat\nEach reply token is coloured by where it came from.")
+    gr.HTML(R.legend_html(), elem_id="legend")
+    with gr.Row():
+        with gr.Column(scale=3):
+            with gr.Row():
+                with gr.Column(visible=False) as ui.baseline_pane:
+                    ui.chat_baseline = gr.Chatbot(label="Baseline (plain decoding)", elem_id="chat-baseline",
+                                                  render_markdown=False, height=460)
+                ui.chat = gr.Chatbot(label="Chat", elem_id="chat", render_markdown=False, height=460)
+            ui.speedup = gr.Markdown(R.speedup_markdown(None, None, None), elem_id="speedup", visible=False)
+            ui.msg = gr.Textbox(label="Message", elem_id="msg", lines=2, placeholder="Ask something…")
+            with gr.Row():
+                ui.send = gr.Button("Send", elem_id="send", variant="primary")
+                ui.stop = gr.Button("Stop", elem_id="stop", variant="stop")
+                ui.retry = gr.Button("Retry", elem_id="retry")
+                ui.clear = gr.Button("Clear", elem_id="clear")
+            with gr.Row():
+                ui.baseline = gr.Checkbox(False, label="Baseline (no speculation)", elem_id="baseline")
+                ui.compare = gr.Checkbox(False, label="Side by side: baseline, then speculative",
+                                         elem_id="compare")
+        with gr.Column(scale=2, elem_id="stats"):
+            ui.stats = gr.Markdown(R.stats_markdown(None, "speculative"), elem_id="stats-text")
+            ui.plot = gr.BarPlot(R.acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
+                                 title="Acceptance by draft position", x_title="draft position",
+                                 y_title="accepted share", height=220, elem_id="acceptance-plot")
+            ui.models = gr.Markdown(R.models_markdown(None), elem_id="models")
+    with gr.Accordion("Settings", open=True):
+        with gr.Row():
+            ui.preset = gr.Dropdown(_preset_choices(presets), value=preset, label="Preset", elem_id="preset")
+            ui.drafter = gr.Dropdown(DRAFTERS, value=_menu_drafter(start.drafter if start else None),
+                                     label="Drafter", elem_id="drafter",
+                                     info="A 4-bit draft model saves memory, not time: on GPUs nf4 "
+                                          "is slower per token than bf16.")
+            ui.draft_length = gr.Slider(1, 16, value=start.draft_length if start else 5, step=1,
+                                        label="Draft length (start value when adaptive)", elem_id="draft-length")
+            ui.adaptive = gr.Checkbox(start.adaptive if start else True, label="Adaptive draft length",
+                                      elem_id="adaptive")
+        with gr.Row():
+            ui.temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
+                                       elem_id="temperature")
+            ui.top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p (1 = off)", elem_id="top-p")
+            ui.top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)", elem_id="top-k")
+            ui.max_new_tokens = gr.Slider(1, max(4096, max_new_tokens), value=max_new_tokens, step=1,
+                                          label="Max new tokens", elem_id="max-new-tokens")
+    return ui
+
+
+def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: StopRequests, preset: str) -> None:
+    """Connect the events. Everything that uses the device shares one concurrency group."""
+    controls = [getattr(ui, name) for name in Settings.__dataclass_fields__]  # Settings' order
+    outputs = [ui.msg, ui.chat, ui.chat_baseline, ui.turns, ui.stats, ui.plot, ui.speedup, ui.models]
+
+    def respond(request: gr.Request, message: str, history: list, *values):
+        settings = Settings(*values)
+        if not (message or "").strip():
+            raise gr.Error("Empty message: type something in the box, then press Send.")
+        session = request.session_hash or ""
+        run = stops.begin(session)
+        try:
+            yield from _guarded(message, history, lambda: _chat(holder, message, history, settings, run.stop))
+        finally:
+            stops.end(session, run)
+
+    def retry_last(request: gr.Request, history: list, *values):
+        if not history:
+            raise gr.Error("Nothing to retry yet: send a message first.")
+        yield from respond(request, history[-1]["user"], history[:-1], *values)
+
+    def stop_reply(request: gr.Request, panel: str) -> str:
+        stops.request(request.session_hash or "")
+        return R.stopped_markdown(panel)
+
+    def clear_all(request: gr.Request):
+        stops.request(request.session_hash or "")  # a running reply must not refill the cleared chat
+        return View("", [], [], [], R.stats_markdown(None, "speculative"), R.acceptance_frame(None),
+                    R.speedup_markdown(None, None, None), _models_text(holder))
+
+    def change_preset(name: str, progress=gr.Progress()):
+        progress(0, desc=f"Loading preset {name}…")
+        try:
+            models = holder.get(name)
+        except (UserError, LoadError, ConfigError) as error:
+            raise gr.Error(str(error)) from None
+        except Exception as error:  # noqa: BLE001 - anything else still must not kill the UI
+            log.exception("loading preset %s failed", name)
+            raise gr.Error(user_message(error)) from None
+        return _preset_controls(models)
+
+    def page_opened(progress=gr.Progress()):
+        """Show what is loaded; a fresh server loads the start preset now, not at launch."""
+        return change_preset(preset if holder.models is None else "auto", progress)
+
+    chat_events = [
+        ui.send.click(respond, [ui.msg, ui.turns, *controls], outputs, api_name="send", concurrency_id=DEVICE),
+        ui.msg.submit(respond, [ui.msg, ui.turns, *controls], outputs, api_name=False, concurrency_id=DEVICE),
+        ui.retry.click(retry_last, [ui.turns, *controls], outputs, api_name="retry", concurrency_id=DEVICE),
+    ]
+    # The flag stops the engine within its round; cancelling also drops queued requests and
+    # closes the generator. queue=False: the stop must not wait behind what it stops.
+    ui.stop.click(stop_reply, ui.stats, ui.stats, cancels=chat_events, api_name="stop", queue=False)
+    ui.clear.click(clear_all, None, outputs, cancels=chat_events, api_name="clear", queue=False)
+    preset_outputs = [ui.models, ui.preset, ui.drafter, ui.draft_length, ui.adaptive]
+    ui.preset.input(change_preset, ui.preset, preset_outputs, api_name="load_preset", concurrency_id=DEVICE)
+    demo.load(page_opened, None, preset_outputs, api_name=False, concurrency_id=DEVICE)
+    ui.compare.change(lambda on: (gr.Column(visible=on), gr.Markdown(visible=on)), ui.compare,
+                      [ui.baseline_pane, ui.speedup], api_name=False, queue=False)
+
+
+def _menu_drafter(drafter: str | None) -> str:
+    """The drafter menu shows model or prompt lookup; a preset default of none shows prompt lookup."""
+    return drafter if drafter in ("model", "prompt_lookup") else "prompt_lookup"
 
 
 def _models_text(holder: ModelHolder) -> str:
@@ -398,7 +406,7 @@ def _preset_choices(presets: dict) -> list[tuple[str, str]]:
 def _preset_controls(models: LoadedModels) -> tuple:
     """The models panel, and the controls reset to the loaded preset's defaults."""
     preset = models.preset
-    drafter = preset.drafter if preset.drafter in ("model", "prompt_lookup") else "prompt_lookup"
+    drafter = _menu_drafter(preset.drafter)
     if drafter == "model" and models.draft is None:
         drafter = "prompt_lookup"
     return (_describe(models), preset.name, drafter, preset.draft_length, preset.adaptive)

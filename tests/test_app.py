@@ -239,6 +239,19 @@ def test_retry_replaces_the_last_reply_and_clear_empties(client):
         client.predict(*controls(), api_name="/retry")
 
 
+def test_clear_during_a_reply_stops_it_and_the_history_stays_empty(client):
+    outputs(send(client, "An earlier turn"))
+    job = send(client, "Go on and on", baseline=True, max_new_tokens=450)
+    while len(job.outputs()) < 3:
+        time.sleep(0.01)
+    cleared = client.predict(api_name="/clear")
+    assert cleared[1] == []
+    while not job.done():
+        time.sleep(0.01)
+    after = outputs(send(client, "Fresh start"))
+    assert [m["role"] for m in after["chat"]] == ["user", "assistant"]  # nothing came back
+
+
 def test_second_user_waits_in_the_queue(app_server):
     first, second = Client(app_server.url, verbose=False), Client(app_server.url, verbose=False)
     long_job = send(first, "Long one", baseline=True, max_new_tokens=300)
