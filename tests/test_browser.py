@@ -19,7 +19,7 @@ import pytest
 import app_render as R
 from tests.tiny_models import require
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+DEBIAN_CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
 LAST_REPLY = '#chat [data-testid="bot"] >> nth=-1'
 TIMEOUT_MS = 180_000  # a real model's first message also loads it
@@ -147,13 +147,29 @@ def stop_flow(page, shots: Path) -> None:
     page.screenshot(path=str(shots / "after-stop.png"), full_page=True)
 
 
+def find_chromium(name: str = "chromium", default: str = DEBIAN_CHROMIUM) -> str:
+    """Debian's chromium; missing, the test skips, except under CI=true, where it fails."""
+    path = shutil.which(name) or default
+    require(Path(path).exists(), f"chromium is not installed at {path} (apt-get install chromium)")
+    return path
+
+
 def launch_browser(playwright):
-    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+    return playwright.chromium.launch(executable_path=find_chromium(), headless=True, args=LAUNCH_ARGS)
+
+
+def test_missing_chromium_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="chromium is not installed"):
+        find_chromium("no-such-browser", "/nonexistent/chromium")
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception):
+        find_chromium("no-such-browser", "/nonexistent/chromium")
 
 
 @pytest.fixture(scope="module")
 def browser():
-    require(Path(CHROMIUM).exists(), f"chromium is not installed at {CHROMIUM} (apt-get install chromium)")
+    find_chromium()
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
