@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -76,46 +77,52 @@ class SpeculativeEngine:
         """
         context = self._checked_prompt(prompt_ids)
         budget = min(params.max_new_tokens, self.context_limit - len(context))
-        output = _Output(self.tokenizer, self.eos_ids, self.stop_strings, budget)
-        generator = make_generator(params.seed, self.target_model.device)
-        policy = DraftLengthPolicy(self.draft_length, self.adaptive)
-        stats = self.stats = Stats(draft_length=policy.k)
-        target = self.make_runner(self.target_model)
+        call = _Call(
+            params=params,
+            context=context,
+            target=self.make_runner(self.target_model),
+            policy=DraftLengthPolicy(self.draft_length, self.adaptive),
+            output=_Output(self.tokenizer, self.eos_ids, self.stop_strings, budget),
+            generator=make_generator(params.seed, self.target_model.device),
+        )
+        stats = self.stats = Stats(draft_length=call.policy.k)
         clock = _EngineClock()
         try:
-            started = time.perf_counter()
-            self._prefill(target, context)
-            stats.verify_s += time.perf_counter() - started
+            self._prefill(call)
             self.drafter.reset(context)
             round_number = 0
             while True:
                 round_number += 1
-                k = policy.next_draft_length(room=output.remaining - 1)  # never past max_new_tokens
-                started = time.perf_counter()
-                draft = self.drafter.propose(context, k, params, generator) if k > 0 else Draft([])
-                drafted = time.perf_counter()
-                logits = self._verify(target, context[-1], draft.tokens)
-                n, token = self._accept(logits, draft, params, generator)
-                verified = time.perf_counter()
-                target.crop(len(context) + n)  # roll back: forget the rejected drafts
-                self.drafter.accepted(n)
-                policy.update(len(draft.tokens), n, drafted - started, verified - drafted)
-                stats.record_round(len(draft.tokens), n, drafted - started, verified - drafted)
-                stats.draft_length = policy.k
-                new_tokens = draft.tokens[:n] + [token]
-                for token_id, source in zip(new_tokens, _sources(len(draft.tokens), n)):
+                for token_id, source in self._round(call):
                     context.append(token_id)
-                    event = output.add(token_id, source, round_number)
+                    event = call.output.add(token_id, source, round_number)
                     stats.new_tokens += 1
                     stats.wall_s = clock.pause()
                     if stats.ttft_s is None:
                         stats.ttft_s = stats.wall_s
                     yield event
                     clock.resume()
-                    if output.done:
+                    if call.output.done:
                         return
         finally:
             self.drafter.release()
+
+    def _round(self, call: _Call) -> list[tuple[int, str]]:
+        """One round: propose, verify, accept, roll back, adapt. Returns (token, source) pairs."""
+        context, policy = call.context, call.policy
+        k = policy.next_draft_length(room=call.output.remaining - 1)  # never past max_new_tokens
+        started = time.perf_counter()
+        draft = self.drafter.propose(context, k, call.params, call.generator) if k > 0 else Draft([])
+        drafted = time.perf_counter()
+        logits = self._verify(call.target, context[-1], draft.tokens)
+        n, token = self._accept(logits, draft, call.params, call.generator)
+        verified = time.perf_counter()
+        call.target.crop(len(context) + n)  # roll back: forget the rejected drafts
+        self.drafter.accepted(n)
+        policy.update(len(draft.tokens), n, drafted - started, verified - drafted)
+        self.stats.record_round(len(draft.tokens), n, drafted - started, verified - drafted)
+        self.stats.draft_length = policy.k
+        return list(zip(draft.tokens[:n] + [token], _sources(len(draft.tokens), n)))
 
     def _checked_prompt(self, prompt_ids: list[int]) -> list[int]:
         context = [int(t) for t in prompt_ids]
@@ -128,11 +135,13 @@ class SpeculativeEngine:
             )
         return context
 
-    def _prefill(self, target: CachedModel, context: list[int]) -> None:
+    def _prefill(self, call: _Call) -> None:
         """Fill the target's cache with all but the last prompt token (see the invariant)."""
-        if len(context) > 1:
-            target.forward(context[:-1], last_only=True)
+        if len(call.context) > 1:
+            started = time.perf_counter()
+            call.target.forward(call.context[:-1], last_only=True)
             self.stats.target_forwards += 1
+            self.stats.verify_s += time.perf_counter() - started
 
     def _verify(self, target: CachedModel, last_token: int, draft_tokens: list[int]) -> torch.Tensor:
         """One target forward over [last, d1..dk] -> [k+1, V] logits."""
@@ -168,6 +177,18 @@ def _one_hot(tokens: list[int], vocab: int, device) -> torch.Tensor:
     if tokens:
         q[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
     return q
+
+
+@dataclass
+class _Call:
+    """The state of one generation; it lives and dies with its stream."""
+
+    params: SamplingParams
+    context: list[int]  # prompt + reply so far
+    target: CachedModel  # owns the target's KV cache for this call
+    policy: DraftLengthPolicy
+    output: _Output
+    generator: torch.Generator
 
 
 class _Output:
