@@ -37,7 +37,7 @@ from .sources import LoadError
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
-DEFAULT_OUT = "bench-results"
+DEFAULT_OUT = "bench_out"  # git-ignored
 MAX_PROBED_DRAFT = 20  # verify steps are probed for draft lengths up to this
 
 
