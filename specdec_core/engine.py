@@ -118,6 +118,10 @@ class SpeculativeEngine:
         n, token = self._accept(logits, draft, call.params, call.generator)
         verified = time.perf_counter()
         call.target.crop(len(context) + n)  # roll back: forget the rejected drafts
+        if k == 0 and policy.drafting_is_free():  # keep learning from the drafter at no cost
+            unverified = self.drafter.propose(context, 1, call.params, call.generator).tokens
+            if unverified:
+                policy.observe_unverified(unverified[0] == token)
         self.drafter.accepted(n)
         policy.update(len(draft.tokens), n, drafted - started, verified - drafted)
         self.stats.record_round(len(draft.tokens), n, drafted - started, verified - drafted)

@@ -6,8 +6,10 @@ Two layers:
 - measured costs decide whether a round should draft: with the acceptance seen so far and the
   measured draft and verify times, a round of k' <= k drafts must promise more tokens per second
   than a plain decoding step. If none does, the engine decodes plainly and probes again later,
-  backing off while speculation keeps not paying. Speculation so never loses much where it
-  can't win (no prompt-lookup match, a poor or slow draft model).
+  backing off while speculation keeps not paying (at once to the longest pause when even a
+  perfect draft could not pay). A drafter whose proposals cost next to nothing (prompt lookup)
+  is never paused: each plain round still asks it, and whether its first token matched the
+  target's keeps the acceptance estimate current, so drafting resumes as soon as copying does.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ MAX_DRAFT_LENGTH = 8
 
 _SMOOTHING = 0.25  # weight of the newest sample in the running averages
 _MAX_BACKOFF = 32  # at most this many plain rounds between probes
+_CHEAP = 0.05  # a drafter costing under this share of a target step per token is "free"
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -92,10 +95,22 @@ class DraftLengthPolicy:
             self._plain_rounds_left -= 1
             return 0
         best = self._best_paying_length(min(self.k, room))
-        if best == 0:  # not paying now: decode plainly for a while, then probe again
+        if best == 0 and not self.drafting_is_free():
+            # Not paying now: decode plainly for a while, then probe again.
             self._plain_rounds_left = self._backoff
-            self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
+            hopeless = not self._pays(1.0, min(self.k, room))
+            self._backoff = _MAX_BACKOFF if hopeless else min(self._backoff * 2, _MAX_BACKOFF)
         return best
+
+    def drafting_is_free(self) -> bool:
+        """Whether proposals cost next to nothing next to a target step (e.g. prompt lookup)."""
+        step, per_token = self.costs.target(1), self.costs.draft_s_per_token
+        return step is not None and per_token is not None and per_token < _CHEAP * step
+
+    def observe_unverified(self, first_draft_matched: bool) -> None:
+        """A free drafter's proposal was not verified; its first token did (not) match the target's."""
+        if self.adaptive:
+            self.acceptance = _average(self.acceptance, float(first_draft_matched))
 
     def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
         """Learn from one round: its acceptance and its measured costs."""
@@ -109,6 +124,17 @@ class DraftLengthPolicy:
             self.k = min(self.k + 1, self.highest)
         elif rate < self.lower_below:
             self.k = max(self.k - 1, self.lowest)
+
+    def _pays(self, acceptance: float, k_max: int) -> bool:
+        """Whether some k' <= k_max drafts at this acceptance beat a plain step, by measured costs."""
+        plain_rate = 1.0 / self.costs.target(1)
+        for k in range(min(self.lowest, k_max), k_max + 1):
+            verify = self.costs.target(k + 1)
+            if verify is None:
+                return True
+            if expected_tokens(acceptance, k) / (k * self.costs.draft_s_per_token + verify) > plain_rate:
+                return True
+        return False
 
     def _best_paying_length(self, k_max: int) -> int:
         """The k' in [lowest, k_max] with the best expected tokens per second, if that beats plain."""

@@ -72,3 +72,20 @@ def test_costs_interpolate_unmeasured_sizes():
     costs = StepCosts(target_s={1: 0.010, 5: 0.014})
     assert costs.target(3) == pytest.approx(0.012)
     assert StepCosts(target_s={1: 0.01}).target(4) is None
+
+
+def test_a_free_drafter_is_never_paused_and_learns_from_unverified_proposals():
+    policy = calibrated(acceptance=0.1, draft_per_token=0.0)
+    assert policy.drafting_is_free()
+    assert policy.next_draft_length(room=100) == 0 and policy._plain_rounds_left == 0
+    for _ in range(12):  # copying resumes: the unverified proposals start matching
+        policy.observe_unverified(True)
+    assert policy.next_draft_length(room=100) == 5
+
+
+def test_a_draft_that_could_never_pay_backs_off_to_the_longest_pause():
+    # Verifying costs 1.9 steps even for one draft and drafting 0.8 of a step per token:
+    # even a draft that is always right loses.
+    policy = calibrated(acceptance=0.9, draft_per_token=0.008, per_extra_token=0.009)
+    assert policy.next_draft_length(room=100) == 0
+    assert policy._plain_rounds_left == 1 and policy._backoff == 32
