@@ -94,8 +94,11 @@ class DraftLengthPolicy:
         if self._plain_rounds_left > 0:
             self._plain_rounds_left -= 1
             return 0
-        best = self._best_paying_length(min(self.k, room))
-        if best == 0 and not self.drafting_is_free():
+        # A free drafter's length is the cost model's choice over the whole range (verify cost
+        # is what matters, and it need not grow with length); a costly one stays within k.
+        free = self.drafting_is_free()
+        best = self._best_paying_length(min(self.highest if free else self.k, room))
+        if best == 0 and not free:
             # Not paying now: decode plainly for a while, then probe again.
             self._plain_rounds_left = self._backoff
             hopeless = not self._pays(1.0, min(self.k, room))

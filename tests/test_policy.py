@@ -43,7 +43,9 @@ def test_first_round_is_a_plain_calibration_step():
 
 
 def test_drafts_when_it_pays():
-    assert calibrated(acceptance=0.8, draft_per_token=0.0).next_draft_length(room=10) == 5
+    # A costly draft stays within the rule's k; a free one may draft longer when that pays more.
+    assert 2 <= calibrated(acceptance=0.8, draft_per_token=0.001).next_draft_length(room=10) <= 5
+    assert calibrated(acceptance=0.8, draft_per_token=0.0).next_draft_length(room=10) > 5
 
 
 def test_falls_back_and_probes_again_with_backoff():
@@ -55,7 +57,7 @@ def test_falls_back_and_probes_again_with_backoff():
     policy.acceptance, policy.costs.draft_s_per_token = 0.9, 0.0  # speculation pays again
     while (k := policy.next_draft_length(room=100)) == 0:
         pass
-    assert k == 5 and policy._backoff == 1
+    assert k >= 5 and policy._backoff == 1
 
 
 def test_prefers_a_shorter_draft_when_only_that_pays():
@@ -80,7 +82,7 @@ def test_a_free_drafter_is_never_paused_and_learns_from_unverified_proposals():
     assert policy.next_draft_length(room=100) == 0 and policy._plain_rounds_left == 0
     for _ in range(12):  # copying resumes: the unverified proposals start matching
         policy.observe_unverified(True)
-    assert policy.next_draft_length(room=100) == 5
+    assert policy.next_draft_length(room=100) >= 5
 
 
 def test_a_draft_that_could_never_pay_backs_off_to_the_longest_pause():
