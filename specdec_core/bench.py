@@ -43,6 +43,10 @@ MAX_PROBED_DRAFT = 20  # verify steps are probed for draft lengths up to this
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--cost-model" in argv:  # per-step costs of random-weight models: no preset needed
+        from . import cost_model
+
+        return cost_model.main(argv)
     args = _parser().parse_args(argv)
     try:
         return run(args, command="python -m specdec_core.bench " + shlex.join(argv))

@@ -18,47 +18,21 @@ import torch
 from .bench_methods import RoundCounts
 from .drafters import find_continuation
 from .runner import CachedModel
+from .theory import expected_tokens, leviathan_speedup
 
-
-def expected_tokens_per_round(a: float, g: float) -> float:
-    """Expected tokens one target forward yields: (1 - a^(g+1)) / (1 - a).
-
-    a: probability that a drafted token is accepted (independently at each position);
-    g: draft length. The accepted drafts plus the target's own token (Leviathan et al.,
-    arXiv 2211.17192, eq. 1). Equals g + 1 at a = 1 and 1 at a = 0.
-    """
-    if not 0.0 <= a <= 1.0 or g < 0:
-        raise ValueError(f"need 0 <= a <= 1 and g >= 0, got a={a}, g={g}")
-    if a == 1.0:
-        return g + 1.0
-    return (1.0 - a ** (g + 1.0)) / (1.0 - a)
-
-
-def leviathan_speedup(a: float, g: float, c: float, v: float = 1.0) -> float:
-    """Predicted speedup over plain decoding: (1 - a^(g+1)) / ((1 - a) (g c + v)).
-
-    a: acceptance probability per drafted token; g: draft length; c: cost of one draft step
-    relative to one target 1-token step; v: cost of the target's verify step over 1 + g tokens
-    relative to a 1-token step. Leviathan et al. (arXiv 2211.17192, Theorem 3.8) take v = 1;
-    on a CPU a verify step costs more than a 1-token step, so it is measured.
-
-    Example: a = 0.8, g = 4, c = 0.1, v = 1.2 gives 3.3616 / 1.6 = 2.101.
-    """
-    if c < 0 or v <= 0:
-        raise ValueError(f"need c >= 0 and v > 0, got c={c}, v={v}")
-    return expected_tokens_per_round(a, g) / (g * c + v)
+expected_tokens_per_round = expected_tokens  # the name the report and tests use
 
 
 def predicted_speedup(a: float, g: float, c: float, v: float, draft_share: float = 1.0) -> float:
     """Leviathan's speedup when only a share of the rounds drafts (the others are plain steps).
 
     Per round: with probability draft_share the round drafts g tokens (cost g c + v, yields
-    expected_tokens_per_round(a, g) tokens), else it is a plain step (cost 1, yields 1 token).
+    expected_tokens(a, g) tokens), else it is a plain step (cost 1, yields 1 token).
     draft_share = 1 gives leviathan_speedup(a, g, c, v).
     """
     if not 0.0 <= draft_share <= 1.0:
         raise ValueError(f"need 0 <= draft_share <= 1, got {draft_share}")
-    tokens = draft_share * expected_tokens_per_round(a, g) + (1.0 - draft_share)
+    tokens = draft_share * expected_tokens(a, g) + (1.0 - draft_share)
     cost = draft_share * (g * c + v) + (1.0 - draft_share)
     return tokens / cost
 
@@ -178,7 +152,7 @@ def theory_check(
         "c": c,
         "v": v,
         "draft_share": share,
-        "expected_tokens_per_drafting_round": expected_tokens_per_round(a, g) if g else 1.0,
+        "expected_tokens_per_drafting_round": expected_tokens(a, g) if g else 1.0,
         "predicted_speedup": predicted,
         "measured_speedup": measured_speedup,
         "efficiency": efficiency,

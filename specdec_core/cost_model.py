@@ -30,6 +30,9 @@ from pathlib import Path
 
 import torch
 
+from .theory import expected_tokens
+from .theory import leviathan_speedup as predicted_speedup
+
 ACCEPTANCE_RATES = (0.6, 0.7, 0.8)
 MODES = ("eager", "compiled")
 
@@ -216,16 +219,6 @@ def summarize(timings: dict, target_weight_bytes: int, bandwidth: float) -> dict
             str(a): best_speedup(a, c, relative_verify) for a in ACCEPTANCE_RATES
         },
     }
-
-
-def expected_tokens(a: float, g: int) -> float:
-    """Tokens per target forward with acceptance rate a and g drafts (Leviathan et al., eq. 1)."""
-    return g + 1.0 if a >= 1.0 else (1.0 - a ** (g + 1)) / (1.0 - a)
-
-
-def predicted_speedup(a: float, g: int, c: float, v: float = 1.0) -> float:
-    """Speedup over plain decoding: expected tokens / (g draft steps at c + one verify at v)."""
-    return expected_tokens(a, g) / (g * c + v)
 
 
 def best_speedup(a: float, c: float, relative_verify: dict[int, float]) -> dict:

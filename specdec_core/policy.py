@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .theory import expected_tokens
+
 DEFAULT_DRAFT_LENGTH = 5
 MIN_DRAFT_LENGTH = 2
 MAX_DRAFT_LENGTH = 8
@@ -23,13 +25,6 @@ MAX_DRAFT_LENGTH = 8
 _SMOOTHING = 0.25  # weight of the newest sample in the running averages
 _MAX_BACKOFF = 32  # at most this many plain rounds between probes
 _CHEAP = 0.05  # a drafter costing under this share of a target step per token is "free"
-
-
-def expected_tokens(acceptance: float, k: int) -> float:
-    """Tokens a round of k drafts yields on average: (1 - a^(k+1)) / (1 - a) (Leviathan et al.)."""
-    if acceptance >= 1.0:
-        return k + 1.0
-    return (1 - acceptance ** (k + 1)) / (1 - acceptance)
 
 
 def _average(old: float | None, new: float) -> float:

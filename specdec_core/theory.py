@@ -1,0 +1,35 @@
+"""Leviathan et al. (arXiv 2211.17192): what speculation should yield, from acceptance and costs.
+
+Shared by the engine's draft policy, the benchmark's theory check and the cost model.
+"""
+
+from __future__ import annotations
+
+
+def expected_tokens(a: float, g: float) -> float:
+    """Expected tokens one target forward yields: (1 - a^(g+1)) / (1 - a).
+
+    a: probability that a drafted token is accepted (independently at each position);
+    g: draft length. The accepted drafts plus the target's own token (Leviathan et al.,
+    arXiv 2211.17192, eq. 1). Equals g + 1 at a = 1 and 1 at a = 0.
+    """
+    if not 0.0 <= a <= 1.0 or g < 0:
+        raise ValueError(f"need 0 <= a <= 1 and g >= 0, got a={a}, g={g}")
+    if a == 1.0:
+        return g + 1.0
+    return (1.0 - a ** (g + 1.0)) / (1.0 - a)
+
+
+def leviathan_speedup(a: float, g: float, c: float, v: float = 1.0) -> float:
+    """Predicted speedup over plain decoding: (1 - a^(g+1)) / ((1 - a) (g c + v)).
+
+    a: acceptance probability per drafted token; g: draft length; c: cost of one draft step
+    relative to one target 1-token step; v: cost of the target's verify step over 1 + g tokens
+    relative to a 1-token step. Leviathan et al. (arXiv 2211.17192, Theorem 3.8) take v = 1;
+    on a CPU a verify step costs more than a 1-token step, so it is measured.
+
+    Example: a = 0.8, g = 4, c = 0.1, v = 1.2 gives 3.3616 / 1.6 = 2.101.
+    """
+    if c < 0 or v <= 0:
+        raise ValueError(f"need c >= 0 and v > 0, got c={c}, v={v}")
+    return expected_tokens(a, g) / (g * c + v)
