@@ -18,6 +18,7 @@ from specdec_core.bench_theory import (
     leviathan_speedup,
     predicted_speedup,
 )
+from tests.tiny_models import require
 
 SPEC_BENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench_questions.jsonl"
 FIGURES = ("tokens_per_second", "speedup_vs_hf_generate", "speedup_vs_ours_baseline", "mean_accepted_tokens",
@@ -109,16 +110,14 @@ def test_own_questions_cover_the_six_spec_bench_families():
 
 
 def test_own_categories_are_spec_bench_category_names():
-    if not SPEC_BENCH.is_file():
-        pytest.skip(f"{SPEC_BENCH} is not here")
+    require(SPEC_BENCH.is_file(), f"{SPEC_BENCH} is not here")
     spec_bench = {q.category for q in load_questions(SPEC_BENCH)}
     assert {q.category for q in load_questions()} <= spec_bench
     assert set(MT_BENCH_CATEGORIES) <= spec_bench
 
 
 def test_spec_bench_limit_is_per_family_and_spreads_over_mt_bench_categories():
-    if not SPEC_BENCH.is_file():
-        pytest.skip(f"{SPEC_BENCH} is not here")
+    require(SPEC_BENCH.is_file(), f"{SPEC_BENCH} is not here")
     questions = load_questions(SPEC_BENCH, limit=5)
     assert len(questions) == 30
     conversation = [q for q in questions if q.family == "mt_bench"]
