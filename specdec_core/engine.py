@@ -42,7 +42,9 @@ class SpeculativeEngine:
     ) -> None:
         """make_runner: builds the object that owns the target's KV cache for one generation
         (CachedModel, or a static-cache runner with the same forward/crop/length interface)."""
-        DraftLengthPolicy(draft_length, adaptive)  # validates draft_length
+        # One policy for the engine's lifetime: measured step costs and acceptance carry over
+        # from one reply to the next, so a draft that can't pay here isn't probed afresh each time.
+        self.policy = DraftLengthPolicy(draft_length, adaptive)  # also validates draft_length
         self.target_model = target_model.eval()
         self.tokenizer = tokenizer
         self.drafter = drafter if drafter is not None else Drafter()
@@ -81,7 +83,7 @@ class SpeculativeEngine:
             params=params,
             context=context,
             target=self.make_runner(self.target_model),
-            policy=DraftLengthPolicy(self.draft_length, self.adaptive),
+            policy=self.policy,
             output=_Output(self.tokenizer, self.eos_ids, self.stop_strings, budget),
             generator=make_generator(params.seed, self.target_model.device),
         )
