@@ -23,7 +23,8 @@ MIN_DRAFT_LENGTH = 2
 MAX_DRAFT_LENGTH = 8
 
 _SMOOTHING = 0.25  # weight of the newest sample in the running averages
-_MAX_BACKOFF = 32  # at most this many plain rounds between probes
+_MAX_BACKOFF = 32  # at most this many plain rounds between probes of a draft that may pay
+_HOPELESS_BACKOFF = 128  # ... and of one that could not pay even if always right
 _CHEAP = 0.05  # a drafter costing under this share of a target step per token is "free"
 
 
@@ -71,6 +72,7 @@ class DraftLengthPolicy:
     acceptance: float | None = None  # running per-token acceptance estimate
     _plain_rounds_left: int = 0
     _backoff: int = 1
+    _probe_due: bool = False
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -89,15 +91,18 @@ class DraftLengthPolicy:
         if self._plain_rounds_left > 0:
             self._plain_rounds_left -= 1
             return 0
+        if self._probe_due:  # after a pause, really draft once: the acceptance may have changed
+            self._probe_due = False
+            return min(self.k, room)
         # A free drafter's length is the cost model's choice over the whole range (verify cost
         # is what matters, and it need not grow with length); a costly one stays within k.
         free = self.drafting_is_free()
         best = self._best_paying_length(min(self.highest if free else self.k, room))
         if best == 0 and not free:
             # Not paying now: decode plainly for a while, then probe again.
-            self._plain_rounds_left = self._backoff
+            self._plain_rounds_left, self._probe_due = self._backoff, True
             hopeless = not self._pays(1.0, min(self.k, room))
-            self._backoff = _MAX_BACKOFF if hopeless else min(self._backoff * 2, _MAX_BACKOFF)
+            self._backoff = _HOPELESS_BACKOFF if hopeless else min(self._backoff * 2, _MAX_BACKOFF)
         return best
 
     def drafting_is_free(self) -> bool:

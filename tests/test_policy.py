@@ -50,14 +50,16 @@ def test_drafts_when_it_pays():
 
 def test_falls_back_and_probes_again_with_backoff():
     policy = calibrated(acceptance=0.7, draft_per_token=0.009)  # draft step costs 0.9 target steps
-    choices = [policy.next_draft_length(room=100) for _ in range(12)]
-    # 0 (gate), 1 plain, probe 0 -> 2 plain, probe 0 -> 4 plain ...: probes get rarer
-    assert all(c == 0 for c in choices)
+    choices = [policy.next_draft_length(room=100) for _ in range(16)]
+    # 0 (gate), 1 plain, a real probe (k), gate 0, 2 plain, probe, gate 0, 4 plain, probe ...
+    probes = [i for i, c in enumerate(choices) if c > 0]
+    assert probes == [2, 6, 12] and all(choices[i] == 5 for i in probes)
     assert policy._backoff >= 8
     policy.acceptance, policy.costs.draft_s_per_token = 0.9, 0.0  # speculation pays again
     while (k := policy.next_draft_length(room=100)) == 0:
         pass
-    assert k >= 5 and policy._backoff == 1
+    assert k >= 5  # the probe
+    assert policy.next_draft_length(room=100) >= 5 and policy._backoff == 1  # the gate pays again
 
 
 def test_prefers_a_shorter_draft_when_only_that_pays():
@@ -90,4 +92,4 @@ def test_a_draft_that_could_never_pay_backs_off_to_the_longest_pause():
     # even a draft that is always right loses.
     policy = calibrated(acceptance=0.9, draft_per_token=0.008, per_extra_token=0.009)
     assert policy.next_draft_length(room=100) == 0
-    assert policy._plain_rounds_left == 1 and policy._backoff == 32
+    assert policy._plain_rounds_left == 1 and policy._backoff == 128
