@@ -130,28 +130,26 @@ class DraftLengthPolicy:
 
     def _pays(self, acceptance: float, k_max: int) -> bool:
         """Whether some k' <= k_max drafts at this acceptance beat a plain step, by measured costs."""
-        plain_rate = 1.0 / self.costs.target(1)
-        for k in range(min(self.lowest, k_max), k_max + 1):
-            verify = self.costs.target(k + 1)
-            if verify is None:
-                return True
-            if expected_tokens(acceptance, k) / (k * self.costs.draft_s_per_token + verify) > plain_rate:
-                return True
-        return False
+        return self._best_length(acceptance, k_max) > 0
 
     def _best_paying_length(self, k_max: int) -> int:
-        """The k' in [lowest, k_max] with the best expected tokens per second, if that beats plain."""
+        """The best draft length at the current acceptance estimate (0: plain decoding pays more)."""
         if self.acceptance is None or self.costs.draft_s_per_token is None:
             return k_max  # nothing measured yet: try speculation
-        plain_rate = 1.0 / self.costs.target(1)
-        best, best_rate = 0, plain_rate
+        best = self._best_length(self.acceptance, k_max)
+        if best:
+            self._backoff = 1
+        return best
+
+    def _best_length(self, acceptance: float, k_max: int) -> int:
+        """The k' in [lowest, k_max] with the most expected tokens per second, if that beats a plain
+        step; 0 if none does; k_max if some length was never measured (try it)."""
+        best, best_rate = 0, 1.0 / self.costs.target(1)
         for k in range(min(self.lowest, k_max), k_max + 1):
             verify = self.costs.target(k + 1)
             if verify is None:
-                return k_max  # this size was never measured: try it
-            rate = expected_tokens(self.acceptance, k) / (k * self.costs.draft_s_per_token + verify)
+                return k_max
+            rate = expected_tokens(acceptance, k) / (k * self.costs.draft_s_per_token + verify)
             if rate > best_rate:
                 best, best_rate = k, rate
-        if best:
-            self._backoff = 1
         return best

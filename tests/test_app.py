@@ -148,15 +148,21 @@ def test_side_by_side_sampling_says_outputs_differ_by_design(client):
     assert "Speedup:" in final["speedup"] and "by design" in final["speedup"]
 
 
+def start_long_reply(client, forwards):
+    """A baseline reply long enough to stop midway; returns once 20 target forwards have run."""
+    job = send(client, "Go on and on", baseline=True, max_new_tokens=450)
+    while len(forwards) < 20:
+        assert not job.done(), "the generation ended before it could be stopped"
+        time.sleep(0.01)
+    return job
+
+
 def test_stop_ends_the_work_and_the_next_message_works(app_server, client):
     target = app_server.holder.get("tiny").target
     forwards = []
     hook = target.register_forward_hook(lambda *_: forwards.append(time.monotonic()))
     try:
-        job = send(client, "Go on and on", baseline=True, max_new_tokens=450)
-        while len(forwards) < 20:
-            assert not job.done(), "the generation ended before it could be stopped"
-            time.sleep(0.01)
+        job = start_long_reply(client, forwards)
         job.cancel()
         time.sleep(1.0)  # a round is a few ms here: any work left would show up in this second
         count = len(forwards)
@@ -176,10 +182,7 @@ def test_stop_button_ends_the_engine_within_one_round(app_server, client):
     forwards = []
     hook = target.register_forward_hook(lambda *_: forwards.append(time.monotonic()))
     try:
-        job = send(client, "Go on and on", baseline=True, max_new_tokens=450)
-        while len(forwards) < 20:
-            assert not job.done(), "the generation ended before it could be stopped"
-            time.sleep(0.01)
+        job = start_long_reply(client, forwards)
         panel = client.predict("x · generating…", api_name="/stop")  # what the Stop button calls
         at_stop = len(forwards)
         while not job.done():
