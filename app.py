@@ -224,13 +224,14 @@ def stream_reply(engine, prompt_ids: list[int], params: SamplingParams,
         stream.close()
 
 
-def make_engine(models: LoadedModels, settings: Settings, baseline: bool):
+def engine_for(models: LoadedModels, settings: Settings, baseline: bool):
+    """The loaded preset's engine for these settings (kept across replies: its policy learns)."""
     if baseline:
-        return models.make_engine(drafter="none")
+        return models.engine(drafter="none")
     if settings.drafter == "model" and models.draft is None:
         raise UserError(f"Preset '{models.preset.name}' has no draft model: choose the prompt lookup drafter.")
-    return models.make_engine(drafter=settings.drafter, draft_length=int(settings.draft_length),
-                              adaptive=bool(settings.adaptive))
+    return models.engine(drafter=settings.drafter, draft_length=int(settings.draft_length),
+                         adaptive=bool(settings.adaptive))
 
 
 def checked_prompt(models: LoadedModels, turns: list[dict]) -> list[int]:
@@ -452,7 +453,7 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
 
     base_stats = base_ids = None
     if settings.compare:  # baseline first, then speculative: each has the device to itself
-        engine = make_engine(models, settings, baseline=True)
+        engine = engine_for(models, settings, baseline=True)
         for text, markup, stats, token_ids in stream_reply(engine, prompt_ids, params, stop):
             turn.update(reply=text, baseline_html=markup)  # the history keeps a reply if stopped here
             yield view(R.stats_markdown(stats, "baseline"), R.acceptance_frame(None), gr.skip())
@@ -461,7 +462,7 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
         base_stats, base_ids = stats, list(token_ids)
 
     mode = settings.mode()
-    engine = make_engine(models, settings, baseline=settings.baseline and not settings.compare)
+    engine = engine_for(models, settings, baseline=settings.baseline and not settings.compare)
     for text, markup, stats, token_ids in stream_reply(engine, prompt_ids, params, stop):
         turn.update(reply=text, reply_html=markup)
         yield view(R.stats_markdown(stats, mode), R.acceptance_frame(stats), gr.skip())

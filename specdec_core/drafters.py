@@ -1,7 +1,10 @@
 """Drafters propose tokens for the target to verify. A new drafting method is one new class.
 
-The engine drives a drafter through four calls per generation:
+The engine drives a drafter through these calls per generation:
     reset(prompt_ids)                       a new sequence starts
+    lag(context) / catch_up(context)        how many tokens it has yet to read before it can
+                                             propose (a new prompt, rounds it sat out), and
+                                             reading them; timed apart from drafting
     propose(context, k, params, generator)  -> Draft: up to k tokens + the distributions
                                              they were drawn from
     accepted(n)                             the target kept the first n drafted tokens
@@ -28,6 +31,7 @@ class Draft:
 
 
 NO_DRAFT = Draft(tokens=[])
+_READ_BY_A_ROUND = 2  # unread context tokens a ModelDrafter's proposal reads in its first step
 
 
 class Drafter:
@@ -40,6 +44,13 @@ class Drafter:
 
     def reset(self, prompt_ids: list[int]) -> None:
         """A new sequence starts with these prompt tokens."""
+
+    def lag(self, context: list[int]) -> int:
+        """Tokens of the context this drafter must read (catch up on) before proposing."""
+        return 0
+
+    def catch_up(self, context: list[int]) -> None:
+        """Read those tokens now."""
 
     def propose(
         self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator
@@ -90,6 +101,15 @@ class ModelDrafter(Drafter):
     def reset(self, prompt_ids: list[int]) -> None:
         self._runner = self.make_runner(self.model)
         self._proposed_from = self._fed_drafts = 0
+
+    def lag(self, context: list[int]) -> int:
+        # A round reads the context's last two tokens itself (the last accepted draft, never
+        # fed, and the target's token); anything before them it missed is catch-up.
+        return max(len(context) - _READ_BY_A_ROUND - self._runner.length, 0)
+
+    def catch_up(self, context: list[int]) -> None:
+        if self.lag(context):
+            self._runner.forward(context[self._runner.length : -_READ_BY_A_ROUND], last_only=True)
 
     def propose(
         self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator

@@ -112,7 +112,11 @@ class SpeculativeEngine:
     def _round(self, call: _Call) -> list[tuple[int, str]]:
         """One round: propose, verify, accept, roll back, adapt. Returns (token, source) pairs."""
         context, policy = call.context, call.policy
-        k = policy.next_draft_length(room=call.output.remaining - 1)  # never past max_new_tokens
+        lag = self.drafter.lag(context)
+        room = call.output.remaining - 1  # the round's own token takes one: never past max_new_tokens
+        k = policy.next_draft_length(room, lag)
+        if k > 0 and lag > 0:
+            self._catch_up_drafter(call, lag)
         started = time.perf_counter()
         draft = self.drafter.propose(context, k, call.params, call.generator) if k > 0 else Draft([])
         drafted = time.perf_counter()
@@ -129,6 +133,15 @@ class SpeculativeEngine:
         self.stats.record_round(len(draft.tokens), n, drafted - started, verified - drafted)
         self.stats.draft_length = policy.k
         return list(zip(draft.tokens[:n] + [token], _sources(len(draft.tokens), n)))
+
+    def _catch_up_drafter(self, call: _Call, lag: int) -> None:
+        """Let the drafter read what it missed (a new prompt, plain rounds), timed on its own:
+        the policy prices a probe by it, and it must not inflate the per-token drafting cost."""
+        started = time.perf_counter()
+        self.drafter.catch_up(call.context)
+        seconds = time.perf_counter() - started
+        call.policy.costs.record_catch_up(lag, seconds)
+        self.stats.draft_s += seconds
 
     def _checked_prompt(self, prompt_ids: list[int]) -> list[int]:
         context = [int(t) for t in prompt_ids]

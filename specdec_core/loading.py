@@ -77,6 +77,7 @@ class LoadedModels:
     # dynamic cache (CachedModel), or a StaticSteps compiled and warmed up at load (issue 6).
     target_runner: Callable | None = None
     draft_runner: Callable | None = None
+    _engines: dict = field(default_factory=dict, repr=False)  # see engine()
 
     def make_engine(
         self,
@@ -99,6 +100,19 @@ class LoadedModels:
             stop_strings=stop_strings,
             **_runner_argument(self.target_runner),
         )
+
+    def engine(self, drafter: str | None = None, draft_length: int | None = None, adaptive: bool | None = None):
+        """The engine for these settings, built on first use and then kept, so what its draft
+        policy measured (step costs, acceptance) carries over from one reply to the next.
+        Serves one generation at a time, like every engine."""
+        key = (
+            drafter or self.preset.drafter,
+            draft_length if draft_length is not None else self.preset.draft_length,
+            self.preset.adaptive if adaptive is None else adaptive,
+        )
+        if key not in self._engines:
+            self._engines[key] = self.make_engine(*key)
+        return self._engines[key]
 
     @property
     def decode_path(self) -> str:
@@ -235,6 +249,7 @@ def unload(models: LoadedModels) -> None:
     compiled = any(getattr(r, "compiled", False) for r in (models.target_runner, models.draft_runner))
     models.target = None
     models.draft = None
+    models._engines.clear()
     models.target_runner = models.draft_runner = None  # they hold the models and KV caches
     if compiled:
         torch._dynamo.reset()  # compiled graphs (and CUDA graph pools) hold the weights too

@@ -5,11 +5,14 @@ Two layers:
   accepted raises k by one, one under `lower_below` lowers it by one, within [lowest, highest];
 - measured costs decide whether a round should draft: with the acceptance seen so far and the
   measured draft and verify times, a round of k' <= k drafts must promise more tokens per second
-  than a plain decoding step. If none does, the engine decodes plainly and probes again later,
-  backing off while speculation keeps not paying (at once to the longest pause when even a
-  perfect draft could not pay). A drafter whose proposals cost next to nothing (prompt lookup)
-  is never paused: each plain round still asks it, and whether its first token matched the
-  target's keeps the acceptance estimate current, so drafting resumes as soon as copying does.
+  than a plain decoding step, and the tokens left must repay the drafter's catch-up (reading a
+  new prompt, or what it missed while paused). If no length pays, the engine decodes plainly.
+  It probes again (drafts once, to re-measure) when the time saved for exploration covers what
+  the probe is expected to lose: each plain round puts a fixed share of its time aside, so probing
+  a draft that doesn't pay never costs more than that share, however dear its catch-up.
+  A drafter whose proposals cost next to nothing (prompt lookup) is never paused: each plain
+  round still asks it, and whether its first token matched the target's keeps the acceptance
+  estimate current, so drafting resumes as soon as copying does.
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ MIN_DRAFT_LENGTH = 2
 MAX_DRAFT_LENGTH = 8
 
 _SMOOTHING = 0.25  # weight of the newest sample in the running averages
-_MAX_BACKOFF = 32  # at most this many plain rounds between probes of a draft that may pay
-_HOPELESS_BACKOFF = 128  # ... and of one that could not pay even if always right
+_EXPLORATION_SHARE = 0.02  # of plain decoding time, what probes of a non-paying draft may lose
 _CHEAP = 0.05  # a drafter costing under this share of a target step per token is "free"
 
 
@@ -34,10 +36,12 @@ def _average(old: float | None, new: float) -> float:
 
 @dataclass
 class StepCosts:
-    """Running averages of measured times: target forwards by token count, drafting per token."""
+    """Running averages of measured times: target forwards by token count, drafting per token,
+    and the drafter's catch-up per token read."""
 
     target_s: dict[int, float] = field(default_factory=dict)  # tokens in the forward -> seconds
     draft_s_per_token: float | None = None
+    catch_up_s_per_token: float | None = None
 
     def record_target(self, tokens: int, seconds: float) -> None:
         self.target_s[tokens] = _average(self.target_s.get(tokens), seconds)
@@ -45,6 +49,14 @@ class StepCosts:
     def record_draft(self, tokens: int, seconds: float) -> None:
         if tokens:
             self.draft_s_per_token = _average(self.draft_s_per_token, seconds / tokens)
+
+    def record_catch_up(self, tokens: int, seconds: float) -> None:
+        if tokens:
+            self.catch_up_s_per_token = _average(self.catch_up_s_per_token, seconds / tokens)
+
+    def drafting_measured(self) -> bool:
+        """Whether a drafting round was timed, so every round length can be priced."""
+        return self.draft_s_per_token is not None and len(self.target_s) >= 2
 
     def target(self, tokens: int) -> float | None:
         """Time of a target forward over `tokens` tokens: measured, else a line through the others."""
@@ -56,6 +68,14 @@ class StepCosts:
         lo, hi = sizes[0], sizes[-1]
         slope = max((self.target_s[hi] - self.target_s[lo]) / (hi - lo), 0.0)
         return max(self.target_s[lo] + slope * (tokens - lo), 0.0)
+
+    def catch_up(self, tokens: int) -> float:
+        """Time for the drafter to read `tokens` it missed; until measured, priced as drafting
+        them one by one (an overestimate: reading is batched), so a probe is never underpriced."""
+        per_token = self.catch_up_s_per_token
+        if per_token is None:
+            per_token = self.draft_s_per_token or 0.0
+        return tokens * per_token
 
 
 @dataclass
@@ -70,9 +90,7 @@ class DraftLengthPolicy:
     lower_below: float = 0.4
     costs: StepCosts = field(default_factory=StepCosts)
     acceptance: float | None = None  # running per-token acceptance estimate
-    _plain_rounds_left: int = 0
-    _backoff: int = 1
-    _probe_due: bool = False
+    exploration_s: float = 0.0  # time put aside by plain rounds for probing a paused draft
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -80,30 +98,28 @@ class DraftLengthPolicy:
         # A k the caller asks for explicitly is always reachable.
         self.lowest, self.highest = min(self.lowest, self.k), max(self.highest, self.k)
 
-    def next_draft_length(self, room: int) -> int:
-        """Drafts to ask for this round (0: a plain step); `room` caps it (max_new_tokens)."""
+    def next_draft_length(self, room: int, lag: int = 0) -> int:
+        """Drafts to ask for this round (0: a plain step). `room`: tokens the reply may still
+        take (caps the draft); `lag`: tokens the drafter must read before it can propose."""
         if room <= 0:
             return 0
         if not self.adaptive:
             return min(self.k, room)
         if self.costs.target(1) is None:
             return 0  # calibrate: one plain step measures what speculation must beat
-        if self._plain_rounds_left > 0:
-            self._plain_rounds_left -= 1
-            return 0
-        if self._probe_due:  # after a pause, really draft once: the acceptance may have changed
-            self._probe_due = False
-            return min(self.k, room)
         # A free drafter's length is the cost model's choice over the whole range (verify cost
         # is what matters, and it need not grow with length); a costly one stays within k.
         free = self.drafting_is_free()
-        best = self._best_paying_length(min(self.highest if free else self.k, room))
-        if best == 0 and not free:
-            # Not paying now: decode plainly for a while, then probe again.
-            self._plain_rounds_left, self._probe_due = self._backoff, True
-            hopeless = not self._pays(1.0, min(self.k, room))
-            self._backoff = _HOPELESS_BACKOFF if hopeless else min(self._backoff * 2, _MAX_BACKOFF)
-        return best
+        k_max = min(self.highest if free else self.k, room)
+        if self.acceptance is None or not self.costs.drafting_measured():
+            return k_max  # nothing measured yet: try speculation
+        best = self._best_length(self.acceptance, k_max)
+        if free or (best and self._saving_s(best, room) > self.costs.catch_up(lag)):
+            return best
+        if self.exploration_s >= self._probe_loss_s(k_max, lag):
+            self.exploration_s = 0.0
+            return k_max  # a probe: the acceptance or the costs may have changed
+        return 0
 
     def drafting_is_free(self) -> bool:
         """Whether proposals cost next to nothing next to a target step (e.g. prompt lookup)."""
@@ -119,7 +135,10 @@ class DraftLengthPolicy:
         """Learn from one round: its acceptance and its measured costs."""
         self.costs.record_target(drafted + 1, verify_s)
         self.costs.record_draft(drafted, draft_s)
-        if not self.adaptive or drafted == 0:
+        if not self.adaptive:
+            return
+        if drafted == 0:
+            self.exploration_s += _EXPLORATION_SHARE * verify_s
             return
         rate = accepted / drafted
         self.acceptance = _average(self.acceptance, rate)
@@ -128,28 +147,26 @@ class DraftLengthPolicy:
         elif rate < self.lower_below:
             self.k = max(self.k - 1, self.lowest)
 
-    def _pays(self, acceptance: float, k_max: int) -> bool:
-        """Whether some k' <= k_max drafts at this acceptance beat a plain step, by measured costs."""
-        return self._best_length(acceptance, k_max) > 0
+    def _round_s(self, k: int) -> float:
+        """Measured (or interpolated) time of a round that drafts k tokens and verifies them."""
+        return k * self.costs.draft_s_per_token + self.costs.target(k + 1)
 
-    def _best_paying_length(self, k_max: int) -> int:
-        """The best draft length at the current acceptance estimate (0: plain decoding pays more)."""
-        if self.acceptance is None or self.costs.draft_s_per_token is None:
-            return k_max  # nothing measured yet: try speculation
-        best = self._best_length(self.acceptance, k_max)
-        if best:
-            self._backoff = 1
-        return best
+    def _saving_s(self, k: int, room: int) -> float:
+        """Time drafting k per round saves over plain decoding on the `room` tokens left."""
+        per_token = self._round_s(k) / expected_tokens(self.acceptance, k)
+        return room * (self.costs.target(1) - per_token)
+
+    def _probe_loss_s(self, k: int, lag: int) -> float:
+        """What one probe of k drafts is expected to cost beyond the plain steps it replaces."""
+        gained = expected_tokens(self.acceptance, k) * self.costs.target(1)
+        return self.costs.catch_up(lag) + max(self._round_s(k) - gained, 0.0)
 
     def _best_length(self, acceptance: float, k_max: int) -> int:
         """The k' in [lowest, k_max] with the most expected tokens per second, if that beats a plain
-        step; 0 if none does; k_max if some length was never measured (try it)."""
+        step; 0 if none does."""
         best, best_rate = 0, 1.0 / self.costs.target(1)
         for k in range(min(self.lowest, k_max), k_max + 1):
-            verify = self.costs.target(k + 1)
-            if verify is None:
-                return k_max
-            rate = expected_tokens(acceptance, k) / (k * self.costs.draft_s_per_token + verify)
+            rate = expected_tokens(acceptance, k) / self._round_s(k)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best

@@ -316,7 +316,7 @@ def test_failed_load_shows_what_to_do_and_the_app_recovers(app_server, client):
 def test_out_of_memory_shows_what_to_do(app_server, client, monkeypatch):
     outputs(send(client, "first"))
     models = app_server.holder.get("tiny")
-    real_make_engine = models.make_engine
+    real_engine = models.engine
 
     class RunsOutOfMemory:
         def __init__(self, engine):
@@ -329,7 +329,7 @@ def test_out_of_memory_shows_what_to_do(app_server, client, monkeypatch):
                 self.stats = self.engine.stats
                 yield event
 
-    monkeypatch.setattr(models, "make_engine", lambda **kw: RunsOutOfMemory(real_make_engine(**kw)))
+    monkeypatch.setattr(models, "engine", lambda **kw: RunsOutOfMemory(real_engine(**kw)))
     job = send(client, "this runs out")
     with pytest.raises(AppError, match="Out of memory: lower 'max new tokens'"):
         job.result()

@@ -112,6 +112,24 @@ def test_engine_falls_back_to_plain_decoding_when_drafting_does_not_pay(target, 
     assert result.token_ids == SpeculativeEngine(target, smol_tokenizer).generate(prompt_ids, greedy(60)).token_ids
 
 
+def test_the_draft_catches_up_apart_and_a_kept_engine_spares_it_when_drafting_does_not_pay(target, smol_tokenizer):
+    long_prompt = list(range(100, 400))
+    drafter = ModelDrafter(perturbed_copy(target, noise=0.1, seed=3))
+    drafter.reset(long_prompt)
+    assert drafter.lag(long_prompt) == 298  # all but the two a proposal reads itself
+    drafter.catch_up(long_prompt)
+    assert drafter.lag(long_prompt) == 0 and drafter._runner.length == 298
+
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter)
+    engine.generate(long_prompt, greedy(8))  # the first reply tries the draft: it catches up
+    costs = engine.policy.costs
+    assert costs.catch_up_s_per_token is not None
+    costs.draft_s_per_token = 10 * costs.target(1)  # now drafting plainly can't pay
+    catch_ups = costs.catch_up_s_per_token
+    engine.generate(long_prompt, greedy(8))
+    assert engine.stats.drafted_tokens == 0 and costs.catch_up_s_per_token == catch_ups  # no probe
+
+
 def test_stats_add_up(target, smol_tokenizer, prompt_ids):
     engine = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(perturbed_copy(target, 0.05, 1)))
     result = engine.generate(prompt_ids, greedy(30))

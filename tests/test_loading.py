@@ -71,6 +71,16 @@ def test_engine_defaults_come_from_the_preset_and_overrides_win(tiny):
         tiny.make_engine(drafter="eagle")
 
 
+def test_engines_are_kept_per_setting_so_their_policy_keeps_learning(tiny_presets):
+    models = load_preset("tiny", tiny_presets.config)
+    engine = models.engine()
+    assert models.engine(drafter="model", draft_length=4, adaptive=True) is engine  # the defaults
+    assert models.engine(drafter="none") is not engine
+    assert models.engine(draft_length=2) is not engine
+    unload(models)
+    assert not models._engines  # they hold the models
+
+
 @pytest.mark.parametrize("preset, quantization, layer", [("tiny-4bit", "nf4", "Linear4bit"), ("tiny-8bit", "int8", "Linear8bitLt")])
 def test_quantized_draft_on_cpu(tiny_presets, tiny, preset, quantization, layer):
     from transformers.utils import is_bitsandbytes_available

@@ -48,18 +48,47 @@ def test_drafts_when_it_pays():
     assert calibrated(acceptance=0.8, draft_per_token=0.0).next_draft_length(room=10) > 5
 
 
-def test_falls_back_and_probes_again_with_backoff():
-    policy = calibrated(acceptance=0.7, draft_per_token=0.009)  # draft step costs 0.9 target steps
-    choices = [policy.next_draft_length(room=100) for _ in range(16)]
-    # 0 (gate), 1 plain, a real probe (k), gate 0, 2 plain, probe, gate 0, 4 plain, probe ...
-    probes = [i for i, c in enumerate(choices) if c > 0]
-    assert probes == [2, 6, 12] and all(choices[i] == 5 for i in probes)
-    assert policy._backoff >= 8
+def plain_rounds_until_probe(policy, step=0.010, lag=0, limit=100_000):
+    """Feed the policy plain rounds until it asks for a probe; how many it took."""
+    for rounds in range(limit):
+        if policy.next_draft_length(room=1000, lag=lag) > 0:
+            return rounds
+        policy.update(drafted=0, accepted=0, draft_s=0.0, verify_s=step)
+    raise AssertionError("never probed")
+
+
+def test_falls_back_and_probes_when_the_time_put_aside_covers_the_probe():
+    policy = calibrated(acceptance=0.3, draft_per_token=0.009)  # draft step costs 0.9 target steps
+    assert policy.next_draft_length(room=100) == 0
+    # A probe of k=5 costs 5 * 9 ms + 15 ms verify and yields 1.43 tokens (14.3 ms of plain
+    # decoding): it loses 45.7 ms, which 2% of 10 ms steps put aside in 229 plain rounds.
+    assert plain_rounds_until_probe(policy) == 229
+    assert plain_rounds_until_probe(policy) == 229  # the time put aside starts again from zero
     policy.acceptance, policy.costs.draft_s_per_token = 0.9, 0.0  # speculation pays again
-    while (k := policy.next_draft_length(room=100)) == 0:
-        pass
-    assert k >= 5  # the probe
-    assert policy.next_draft_length(room=100) >= 5 and policy._backoff == 1  # the gate pays again
+    assert policy.next_draft_length(room=100) >= 5
+
+
+def test_a_dear_catch_up_delays_the_probe_in_proportion():
+    policy = calibrated(acceptance=0.3, draft_per_token=0.009)
+    policy.costs.record_catch_up(tokens=700, seconds=0.7)  # 1 ms per token read
+    # The probe now also pays for reading 700 missed tokens: 745.7 ms, put aside in 3729 rounds.
+    assert plain_rounds_until_probe(policy, lag=700) == 3729
+
+
+def test_an_unmeasured_catch_up_is_priced_as_drafting_each_token():
+    costs = StepCosts(draft_s_per_token=0.009)
+    assert costs.catch_up(100) == pytest.approx(0.9)
+    costs.record_catch_up(tokens=100, seconds=0.1)
+    assert costs.catch_up(100) == pytest.approx(0.1)
+
+
+def test_drafts_after_a_catch_up_only_if_the_tokens_left_repay_it():
+    policy = calibrated(acceptance=0.8, draft_per_token=0.001)
+    policy.costs.record_catch_up(tokens=100, seconds=0.1)
+    assert policy.next_draft_length(room=100, lag=0) > 0
+    # Drafting saves about 4.3 ms a token here; reading 100 missed tokens costs 100 ms.
+    assert policy.next_draft_length(room=10, lag=100) == 0
+    assert policy.next_draft_length(room=100, lag=100) > 0
 
 
 def test_prefers_a_shorter_draft_when_only_that_pays():
@@ -81,15 +110,18 @@ def test_costs_interpolate_unmeasured_sizes():
 def test_a_free_drafter_is_never_paused_and_learns_from_unverified_proposals():
     policy = calibrated(acceptance=0.1, draft_per_token=0.0)
     assert policy.drafting_is_free()
-    assert policy.next_draft_length(room=100) == 0 and policy._plain_rounds_left == 0
+    assert policy.next_draft_length(room=100) == 0
     for _ in range(12):  # copying resumes: the unverified proposals start matching
         policy.observe_unverified(True)
     assert policy.next_draft_length(room=100) >= 5
 
 
-def test_a_draft_that_could_never_pay_backs_off_to_the_longest_pause():
+def test_probing_a_draft_that_could_never_pay_loses_at_most_the_share_put_aside():
     # Verifying costs 1.9 steps even for one draft and drafting 0.8 of a step per token:
     # even a draft that is always right loses.
-    policy = calibrated(acceptance=0.9, draft_per_token=0.008, per_extra_token=0.009)
-    assert policy.next_draft_length(room=100) == 0
-    assert policy._plain_rounds_left == 1 and policy._backoff == 128
+    step = 0.010
+    policy = calibrated(acceptance=0.9, draft_per_token=0.008, per_extra_token=0.009, step=step)
+    plain = plain_rounds_until_probe(policy, step=step)
+    k = policy.k
+    lost = k * 0.008 + policy.costs.target(k + 1) - expected_tokens(0.9, k) * step
+    assert lost > 0 and lost <= 0.02 * plain * step * 1.01
