@@ -79,6 +79,30 @@ class StepCosts:
 
 
 @dataclass
+class Acceptance:
+    """Per-token acceptance probability from recent rounds: accepted drafts over drafts tried (the
+    accepted ones and the one rejected, if any), both counts fading by _SMOOTHING a round. That
+    ratio is the maximum-likelihood estimate when each drafted token is accepted with one
+    probability; accepted over drafted would undercount it, as tokens after a rejection are
+    never tried."""
+
+    accepted: float = 0.0
+    tried: float = 0.0
+
+    @classmethod
+    def of(cls, probability: float) -> Acceptance:
+        return cls(accepted=probability, tried=1.0)
+
+    @property
+    def estimate(self) -> float | None:
+        return self.accepted / self.tried if self.tried else None
+
+    def add(self, accepted: int, tried: int) -> None:
+        keep = 1 - _SMOOTHING
+        self.accepted, self.tried = keep * self.accepted + accepted, keep * self.tried + tried
+
+
+@dataclass
 class DraftLengthPolicy:
     """Adaptive k (see the module docstring). Not adaptive: k is fixed and every round drafts."""
 
@@ -89,7 +113,11 @@ class DraftLengthPolicy:
     raise_at: float = 0.8
     lower_below: float = 0.4
     costs: StepCosts = field(default_factory=StepCosts)
-    acceptance: float | None = None  # running per-token acceptance estimate
+    # Acceptance comes in streaks (a draft that copies a passage keeps being right), so it is
+    # estimated apart for rounds after one that kept all its drafts and for the others.
+    after_streak: Acceptance = field(default_factory=Acceptance)
+    after_miss: Acceptance = field(default_factory=Acceptance)  # after a rejection or a plain round
+    in_streak: bool = False  # the last round drafted and kept every draft
     exploration_s: float = 0.0  # time put aside by plain rounds for probing a paused draft
 
     def __post_init__(self) -> None:
@@ -121,6 +149,12 @@ class DraftLengthPolicy:
             return k_max  # a probe: the acceptance or the costs may have changed
         return 0
 
+    @property
+    def acceptance(self) -> float | None:
+        """The acceptance to expect this round (from the other state's rounds if this one has none)."""
+        this, other = (self.after_streak, self.after_miss) if self.in_streak else (self.after_miss, self.after_streak)
+        return this.estimate if this.estimate is not None else other.estimate
+
     def drafting_is_free(self) -> bool:
         """Whether proposals cost next to nothing next to a target step (e.g. prompt lookup)."""
         step, per_token = self.costs.target(1), self.costs.draft_s_per_token
@@ -129,7 +163,7 @@ class DraftLengthPolicy:
     def observe_unverified(self, first_draft_matched: bool) -> None:
         """A free drafter's proposal was not verified; its first token did (not) match the target's."""
         if self.adaptive:
-            self.acceptance = _average(self.acceptance, float(first_draft_matched))
+            self.after_miss.add(accepted=int(first_draft_matched), tried=1)
 
     def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
         """Learn from one round: its acceptance and its measured costs."""
@@ -139,9 +173,12 @@ class DraftLengthPolicy:
             return
         if drafted == 0:
             self.exploration_s += _EXPLORATION_SHARE * verify_s
+            self.in_streak = False
             return
+        state = self.after_streak if self.in_streak else self.after_miss
+        state.add(accepted, tried=accepted + (accepted < drafted))
+        self.in_streak = accepted == drafted
         rate = accepted / drafted
-        self.acceptance = _average(self.acceptance, rate)
         if rate >= self.raise_at:
             self.k = min(self.k + 1, self.highest)
         elif rate < self.lower_below:

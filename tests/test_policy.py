@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec_core.policy import DraftLengthPolicy, StepCosts, expected_tokens
+from specdec_core.policy import Acceptance, DraftLengthPolicy, StepCosts, expected_tokens
 
 
 def test_expected_tokens_formula():
@@ -23,6 +23,24 @@ def test_rule_raises_and_lowers_within_bounds():
     assert policy.k == 2
 
 
+def test_acceptance_counts_the_drafts_tried_not_those_never_reached():
+    policy = DraftLengthPolicy(k=5)
+    policy.update(drafted=5, accepted=3, draft_s=0.0, verify_s=0.01)  # 3 kept, the 4th rejected
+    assert policy.acceptance == pytest.approx(3 / 4)
+
+
+def test_acceptance_is_estimated_apart_within_and_after_streaks():
+    policy = DraftLengthPolicy(k=5)
+    for _ in range(20):  # copying: a streak of three full rounds, then five misses; and again
+        for accepted in (5, 5, 5, 0, 0, 0, 0, 0):
+            policy.update(drafted=5, accepted=accepted, draft_s=0.0, verify_s=0.01)
+    # Within a streak 10 of 11 tried drafts were kept; after a miss 5 of 9.
+    assert policy.after_streak.estimate > 0.85 and policy.after_miss.estimate < 0.6
+    assert not policy.in_streak and policy.acceptance == policy.after_miss.estimate
+    policy.update(drafted=5, accepted=5, draft_s=0.0, verify_s=0.01)
+    assert policy.in_streak and policy.acceptance == policy.after_streak.estimate
+
+
 def test_explicit_k_outside_default_bounds_is_kept():
     assert DraftLengthPolicy(k=1, adaptive=False).next_draft_length(room=10) == 1
     assert DraftLengthPolicy(k=12).highest == 12
@@ -30,11 +48,15 @@ def test_explicit_k_outside_default_bounds_is_kept():
         DraftLengthPolicy(k=0)
 
 
+def expect(policy, acceptance):
+    policy.after_streak, policy.after_miss = Acceptance.of(acceptance), Acceptance.of(acceptance)
+
+
 def calibrated(acceptance, draft_per_token, step=0.010, per_extra_token=0.001, k=5):
     policy = DraftLengthPolicy(k=k)
     policy.costs = StepCosts(target_s={n: step + per_extra_token * (n - 1) for n in range(1, 12)},
                              draft_s_per_token=draft_per_token)
-    policy.acceptance = acceptance
+    expect(policy, acceptance)
     return policy
 
 
@@ -64,7 +86,8 @@ def test_falls_back_and_probes_when_the_time_put_aside_covers_the_probe():
     # decoding): it loses 45.7 ms, which 2% of 10 ms steps put aside in 229 plain rounds.
     assert plain_rounds_until_probe(policy) == 229
     assert plain_rounds_until_probe(policy) == 229  # the time put aside starts again from zero
-    policy.acceptance, policy.costs.draft_s_per_token = 0.9, 0.0  # speculation pays again
+    expect(policy, 0.9)  # speculation pays again
+    policy.costs.draft_s_per_token = 0.0
     assert policy.next_draft_length(room=100) >= 5
 
 
