@@ -28,6 +28,10 @@ MAX_DRAFT_LENGTH = 8
 _SMOOTHING = 0.25  # weight of the newest sample in the running averages
 _EXPLORATION_SHARE = 0.02  # of plain decoding time, what probes of a non-paying draft may lose
 _CHEAP = 0.05  # a drafter costing under this share of a target step per token is "free"
+_PRIOR_TRIES = 2  # see DraftLengthPolicy.acceptance
+# Drafting must promise at least this speedup over a plain step: the estimates are noisy, and a
+# marginal gain predicted from them is as likely a loss.
+_MIN_GAIN = 1.05
 
 
 def _average(old: float | None, new: float) -> float:
@@ -153,7 +157,11 @@ class DraftLengthPolicy:
     def acceptance(self) -> float | None:
         """The acceptance to expect this round (from the other state's rounds if this one has none)."""
         this, other = (self.after_streak, self.after_miss) if self.in_streak else (self.after_miss, self.after_streak)
-        return this.estimate if this.estimate is not None else other.estimate
+        if other.estimate is None:
+            return this.estimate
+        # Until this state has seen a few tried drafts, lean on the other's estimate: one lucky
+        # round must not read as "always right" (a Beta prior of _PRIOR_TRIES pseudo-tries).
+        return (this.accepted + _PRIOR_TRIES * other.estimate) / (this.tried + _PRIOR_TRIES)
 
     def drafting_is_free(self) -> bool:
         """Whether proposals cost next to nothing next to a target step (e.g. prompt lookup)."""
@@ -200,8 +208,8 @@ class DraftLengthPolicy:
 
     def _best_length(self, acceptance: float, k_max: int) -> int:
         """The k' in [lowest, k_max] with the most expected tokens per second, if that beats a plain
-        step; 0 if none does."""
-        best, best_rate = 0, 1.0 / self.costs.target(1)
+        step by _MIN_GAIN; 0 if none does."""
+        best, best_rate = 0, _MIN_GAIN / self.costs.target(1)
         for k in range(min(self.lowest, k_max), k_max + 1):
             rate = expected_tokens(acceptance, k) / self._round_s(k)
             if rate > best_rate:
