@@ -19,7 +19,7 @@ from .bench_methods import (
     Run,
 )
 from .bench_questions import FAMILY_LABELS, Question
-from .bench_theory import StepCosts, theory_check
+from .bench_theory import ProbedCosts, theory_check
 
 OVERALL = "overall"
 
@@ -51,7 +51,7 @@ def identity(questions: list[Question], runs: dict, methods: list[str], greedy: 
 
 
 def summarize(
-    questions: list[Question], runs: dict, methods: list[str], greedy: bool, costs: dict[str, StepCosts]
+    questions: list[Question], runs: dict, methods: list[str], greedy: bool, costs: dict[str, ProbedCosts]
 ) -> dict:
     """The `results`, `theory`, `identity` and `targets` parts of results.json."""
     families = list(dict.fromkeys(q.family for q in questions))

@@ -48,8 +48,9 @@ def acceptance_probability(counts: RoundCounts) -> float:
 
 
 @dataclass
-class StepCosts:
-    """Median times of single steps (seconds) at one context length."""
+class ProbedCosts:
+    """Median times of single steps (seconds) at one context length, probed by the bench (the
+    policy's StepCosts are running averages measured during generation)."""
 
     context_tokens: int
     target_step_s: float  # target forward over 1 new token
@@ -82,7 +83,7 @@ class StepCosts:
 
 def measure_step_costs(
     target, draft, prompt_ids: list[int], max_k: int, repeats: int = 5
-) -> StepCosts:
+) -> ProbedCosts:
     """Time the steps a round is made of, after a prefill of `prompt_ids`.
 
     Each probe is a forward over the tokens after the prompt, cropped back afterwards, so every
@@ -118,7 +119,7 @@ def measure_step_costs(
         start = time.perf_counter()
         find_continuation(prompt_ids, 3, 1, 10)
         lookup.append(time.perf_counter() - start)
-    return StepCosts(
+    return ProbedCosts(
         context_tokens=len(prompt_ids),
         target_step_s=verify[0],
         verify_s={k: t for k, t in verify.items() if k > 0} or {0: verify[0]},
@@ -128,7 +129,7 @@ def measure_step_costs(
 
 
 def theory_check(
-    counts: RoundCounts, costs: StepCosts, uses_draft_model: bool, measured_speedup: float | None
+    counts: RoundCounts, costs: ProbedCosts, uses_draft_model: bool, measured_speedup: float | None
 ) -> dict:
     """Leviathan's prediction for one method on one category, and the efficiency it implies.
 
@@ -160,6 +161,6 @@ def theory_check(
 
 
 @torch.inference_mode()
-def probe_all(target, draft, prompts: dict[str, list[int]], max_k: int, repeats: int = 5) -> dict[str, StepCosts]:
-    """StepCosts for each category's representative prompt."""
+def probe_all(target, draft, prompts: dict[str, list[int]], max_k: int, repeats: int = 5) -> dict[str, ProbedCosts]:
+    """ProbedCosts for each category's representative prompt."""
     return {name: measure_step_costs(target, draft, ids, max_k, repeats) for name, ids in prompts.items()}

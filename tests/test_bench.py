@@ -12,7 +12,7 @@ from specdec_core import bench
 from specdec_core.bench_methods import METHODS, RoundCounts, Run, rounds_from_trace, timed_run
 from specdec_core.bench_questions import DEFAULT_QUESTIONS, FAMILIES, MT_BENCH_CATEGORIES, load_questions
 from specdec_core.bench_theory import (
-    StepCosts,
+    ProbedCosts,
     acceptance_probability,
     expected_tokens_per_round,
     leviathan_speedup,
@@ -72,7 +72,7 @@ def test_acceptance_probability_ignores_tokens_after_a_rejection():
 
 
 def test_verify_ratio_interpolates_between_probed_lengths():
-    costs = StepCosts(context_tokens=10, target_step_s=0.040, verify_s={1: 0.044, 3: 0.052},
+    costs = ProbedCosts(context_tokens=10, target_step_s=0.040, verify_s={1: 0.044, 3: 0.052},
                       draft_step_s=0.01, lookup_s=0.0)
     assert costs.verify_ratio(1) == pytest.approx(1.1)
     assert costs.verify_ratio(2) == pytest.approx(1.2)
