@@ -3,9 +3,10 @@
 Two layers:
 - the draft length k follows acceptance: a round with at least `raise_at` of its drafts
   accepted raises k by one, one under `lower_below` lowers it by one, within [lowest, highest];
-- measured costs decide whether a round should draft: with the acceptance seen so far and the
-  measured draft and verify times, a round of k' <= k drafts must promise more tokens per second
-  than a plain decoding step, and the tokens left must repay the drafter's catch-up (reading a
+- measured costs decide whether a round should draft: with the acceptance seen so far (estimated
+  apart within streaks of fully kept drafts and after misses, as copying comes in streaks) and the
+  measured draft and verify times, a round of k' <= k drafts must promise 5% more tokens per
+  second than a plain decoding step, and the tokens left must repay the drafter's catch-up (reading a
   new prompt, or what it missed while paused). If no length pays, the engine decodes plainly.
   It probes again (drafts once, to re-measure) when the time saved for exploration covers what
   the probe is expected to lose: each plain round puts a fixed share of its time aside, so probing
@@ -155,7 +156,8 @@ class DraftLengthPolicy:
 
     @property
     def acceptance(self) -> float | None:
-        """The acceptance to expect this round (from the other state's rounds if this one has none)."""
+        """The per-token acceptance to expect this round: its state's estimate (in a streak or not),
+        leaning on the other state's while this one has few tried drafts."""
         this, other = (self.after_streak, self.after_miss) if self.in_streak else (self.after_miss, self.after_streak)
         if other.estimate is None:
             return this.estimate
