@@ -67,8 +67,8 @@ class ModelHolder:
 
     def get(self, preset: str) -> LoadedModels:
         """The models of `preset` ("auto": whatever is loaded, else the automatic pick)."""
-        with self._device():
-            return self._load_locked(preset)
+        with self.using(preset) as models:
+            return models
 
     @contextlib.contextmanager
     def using(self, preset: str) -> Iterator[LoadedModels]:

@@ -11,21 +11,13 @@ import argparse
 import json
 import sys
 
-from .config import AUTO, DRAFTERS, ConfigError, load_config
-from .sources import LoadError
-
-EXIT_ERROR = 2
+from .cli import EXIT_ERROR, inform, run_guarded  # noqa: F401  (EXIT_ERROR: this command's exit code)
+from .config import AUTO, DRAFTERS, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except (ConfigError, LoadError, ValueError) as error:  # bad file, can't load, bad setting
-        print(f"error: {_one_line(error)}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        return 130
+    return run_guarded(lambda: args.run(args))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,7 +75,7 @@ def run_generate(args: argparse.Namespace) -> int:
     # Only drafter "model" needs the draft (None: load it if it is the preset's default).
     load_draft = args.drafter == "model" if args.drafter else None
     models = load_preset(args.preset, args.config, load_draft=load_draft, compile=args.compile)
-    _inform(f"preset: {models.preset.name}", *models.notes, models.describe())
+    inform(f"preset: {models.preset.name}", *models.notes, models.describe())
     engine = models.make_engine(
         drafter=args.drafter,
         draft_length=args.draft_length,
@@ -103,7 +95,7 @@ def run_generate(args: argparse.Namespace) -> int:
         for event in engine.stream(prompt_ids, params):
             print(event.text, end="", flush=True)
         print()
-    _inform(_summary(engine.stats))
+    inform(_summary(engine.stats))
     return 0
 
 
@@ -112,16 +104,6 @@ def _summary(stats) -> str:
         f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s ({stats.tokens_per_second:.1f} tokens/s), "
         f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_target_forward:.2f} tokens per target forward"
     )
-
-
-def _inform(*lines: str) -> None:
-    for line in lines:
-        print(line, file=sys.stderr)
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text or type(error).__name__
 
 
 if __name__ == "__main__":

@@ -32,11 +32,9 @@ from pathlib import Path
 
 from .bench_methods import METHODS, NEEDS_DRAFT_MODEL, OURS_BASELINE, Run, make_methods, timed_run
 from .bench_questions import DEFAULT_QUESTIONS, Question, load_questions
-from .config import ConfigError
-from .sources import LoadError
+from .cli import EXIT_ERROR, inform, load_average, run_guarded  # noqa: F401  (EXIT_ERROR: an exit code)
 
 EXIT_MISMATCH = 1
-EXIT_ERROR = 2
 DEFAULT_OUT = "bench_out"  # git-ignored
 MAX_PROBED_DRAFT = 20  # verify steps are probed for draft lengths up to this
 
@@ -48,13 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return cost_model.main(argv)
     args = _parser().parse_args(argv)
-    try:
-        return run(args, command="python -m specdec_core.bench " + shlex.join(argv))
-    except (ConfigError, LoadError, ValueError) as error:
-        print(f"error: {' '.join(str(error).split()) or type(error).__name__}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        return 130
+    return run_guarded(lambda: run(args, command="python -m specdec_core.bench " + shlex.join(argv)))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,10 +92,10 @@ def run(args: argparse.Namespace, command: str = "") -> int:
         if args.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    load_before = _load_average()
+    load_before = load_average()
     started = time.perf_counter()
     models = load_preset(args.preset, args.config, load_draft=any(m in NEEDS_DRAFT_MODEL for m in methods))
-    _inform(f"preset: {models.preset.name}", *models.notes, models.describe())
+    inform(f"preset: {models.preset.name}", *models.notes, models.describe())
     bench_methods = make_methods(methods, models)
     prompts = {
         q.question_id: chat_prompt_ids(models.tokenizer, [{"role": "user", "content": q.prompt}]) for q in questions
@@ -113,8 +105,8 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     from .bench_report import plot_acceptance, plot_speedup, summarize, write_json, write_markdown
     from .bench_theory import probe_all
 
-    _inform("probing step costs ...")
-    draft = models.draft if any(m in NEEDS_DRAFT_MODEL for m in methods) else None
+    inform("probing step costs ...")
+    draft = models.draft  # None unless a method needs it (load_draft above)
     max_k = min(MAX_PROBED_DRAFT, max([1] + [d for rs in runs.values() for r in rs for d, _ in r.rounds]))
     costs = probe_all(models.target, draft, _representative_prompts(questions, prompts), max_k)
     summary = summarize(questions, runs, methods, params.greedy, costs)
@@ -147,7 +139,7 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     write_markdown(out / "results.md", report)
     plot_speedup(out / "speedup.png", report)
     plot_acceptance(out / "acceptance.png", report)
-    _inform(*_closing_lines(report, out))
+    inform(*_closing_lines(report, out))
     mismatched = [m for m, v in summary["identity"].items() if v and m.startswith("ours-") and v["mismatched_questions"]]
     if mismatched:
         for m in mismatched:
@@ -255,7 +247,7 @@ def _preset_info(models) -> dict:
 
 
 def _hf_settings(methods: list, params) -> dict:
-    from .bench_methods import HF_ASSISTED, HFMethod
+    from .bench_methods import HF_ASSISTED, HF_LOOKUP_TOKENS, HFMethod
 
     hf = [m for m in methods if isinstance(m, HFMethod)]
     if not hf:
@@ -264,7 +256,7 @@ def _hf_settings(methods: list, params) -> dict:
     settings = {
         "generation_config": {k: getattr(config, k) for k in (
             "do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "eos_token_id", "pad_token_id")},
-        "prompt_lookup_num_tokens": 10,
+        "prompt_lookup_num_tokens": HF_LOOKUP_TOKENS,
     }
     assisted = [m for m in hf if m.name == HF_ASSISTED]
     if assisted:
@@ -317,15 +309,8 @@ def _machine(load_before) -> dict:
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
         "load_before": load_before,
-        "load_after": _load_average(),
+        "load_after": load_average(),
     }
-
-
-def _load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def _versions() -> dict:
@@ -361,11 +346,6 @@ def _quiet_transformers() -> None:
     from transformers.utils import logging
 
     logging.set_verbosity_error()
-
-
-def _inform(*lines: str) -> None:
-    for line in lines:
-        print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

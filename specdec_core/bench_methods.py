@@ -85,7 +85,7 @@ class OursMethod:
     """SpeculativeEngine with one drafter."""
 
     def __init__(self, name: str, engine) -> None:
-        self.name, self.engine = name, engine
+        self.name, self.engine, self.target = name, engine, engine.target_model
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
         return self.engine.generate(prompt_ids, params).token_ids
@@ -159,8 +159,7 @@ def make_methods(names: list[str], models) -> list:
 
 def timed_run(method, prompt_ids: list[int], params: SamplingParams) -> Run:
     """Generate once under the wall clock, tracing the target's forwards."""
-    target = method.engine.target_model if isinstance(method, OursMethod) else method.target
-    with trace_forwards(target) as calls:
+    with trace_forwards(method.target) as calls:
         start = time.perf_counter()
         token_ids = method.generate(prompt_ids, params)
         wall_s = time.perf_counter() - start

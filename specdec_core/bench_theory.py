@@ -13,14 +13,11 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import torch
-
 from .bench_methods import RoundCounts
+from .cost_model import time_steps
 from .drafters import find_continuation
 from .runner import CachedModel
-from .theory import expected_tokens, leviathan_speedup
-
-expected_tokens_per_round = expected_tokens  # the name the report and tests use
+from .theory import expected_tokens
 
 
 def predicted_speedup(a: float, g: float, c: float, v: float, draft_share: float = 1.0) -> float:
@@ -84,41 +81,24 @@ class ProbedCosts:
 def measure_step_costs(
     target, draft, prompt_ids: list[int], max_k: int, repeats: int = 5
 ) -> ProbedCosts:
-    """Time the steps a round is made of, after a prefill of `prompt_ids`.
+    """Time the steps a round is made of, after a prefill of all but the prompt's last token.
 
-    Each probe is a forward over the tokens after the prompt, cropped back afterwards, so every
-    probe sees the same context length; the median of `repeats` timings is kept.
+    Each probe is a forward over [last, d1..dk] (or the draft's [last]), cropped back afterwards,
+    so every probe sees the same context length; the median of `repeats` timings is kept.
     """
-    context, last = prompt_ids[:-1], prompt_ids[-1]
+    context = len(prompt_ids) - 1
     filler = (prompt_ids * (max_k // max(len(prompt_ids), 1) + 1))[:max_k]  # any real tokens
-    target_runner = CachedModel(target)
-    if context:
-        target_runner.forward(context, last_only=True)
-
-    def step(runner: CachedModel, tokens: list[int]) -> float:
-        keep = runner.length
-        start = time.perf_counter()
-        runner.forward(tokens)
-        spent = time.perf_counter() - start
-        runner.crop(keep)
-        return spent
-
-    def median(runner: CachedModel, tokens: list[int]) -> float:
-        step(runner, tokens)  # warm-up
-        return statistics.median(step(runner, tokens) for _ in range(repeats))
-
-    verify = {k: median(target_runner, [last, *filler[:k]]) for k in range(0, max_k + 1)}
+    tokens = prompt_ids + filler  # tokens[context : context + k + 1] == [last, *filler[:k]]
+    verify_ms = time_steps(CachedModel, target, tokens, context, list(range(1, max_k + 2)), repeats, target.device)
     draft_step = None
     if draft is not None:
-        draft_runner = CachedModel(draft)
-        if context:
-            draft_runner.forward(context, last_only=True)
-        draft_step = median(draft_runner, [last])
+        draft_step = time_steps(CachedModel, draft, tokens, context, [1], repeats, draft.device)[1] / 1e3
     lookup = []
     for _ in range(repeats):
         start = time.perf_counter()
         find_continuation(prompt_ids, 3, 1, 10)
         lookup.append(time.perf_counter() - start)
+    verify = {size - 1: ms / 1e3 for size, ms in verify_ms.items()}
     return ProbedCosts(
         context_tokens=len(prompt_ids),
         target_step_s=verify[0],
@@ -160,7 +140,6 @@ def theory_check(
     }
 
 
-@torch.inference_mode()
 def probe_all(target, draft, prompts: dict[str, list[int]], max_k: int, repeats: int = 5) -> dict[str, ProbedCosts]:
     """ProbedCosts for each category's representative prompt."""
     return {name: measure_step_costs(target, draft, ids, max_k, repeats) for name, ids in prompts.items()}

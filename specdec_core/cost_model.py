@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from .theory import expected_tokens
-from .theory import leviathan_speedup as predicted_speedup
+from .cli import load_average
+from .theory import leviathan_speedup
 
 ACCEPTANCE_RATES = (0.6, 0.7, 0.8)
 MODES = ("eager", "compiled")
@@ -168,7 +168,7 @@ def run_cost_model(
         "repeats": repeats,
         "torch": torch.__version__,
         "transformers": _transformers_version(),
-        "machine_load": _load_average(),
+        "machine_load": load_average(),
         "weights": "random (step costs depend on the shapes only)",
         "models": {},
         "modes": {},
@@ -187,8 +187,8 @@ def run_cost_model(
         timings = {}
         for role, sizes in (("target", [1, *verify_sizes]), ("draft", [1])):
             factory, info = _runner_factory(mode, models[role], role, context, sizes, progress)
-            vocab = models[role].config.vocab_size
-            timings[role] = {"ms": time_steps(factory, models[role], sizes, context, repeats, vocab, device), **info}
+            tokens = _random_tokens(models[role].config.vocab_size, context + max(sizes))
+            timings[role] = {"ms": time_steps(factory, models[role], tokens, context, sizes, repeats, device), **info}
         result["modes"][mode] = summarize(timings, result["models"]["target"]["weight_bytes_per_step"], bandwidth)
         _free(device)
     return result
@@ -223,18 +223,18 @@ def summarize(timings: dict, target_weight_bytes: int, bandwidth: float) -> dict
 
 def best_speedup(a: float, c: float, relative_verify: dict[int, float]) -> dict:
     """The draft length g (among those measured) with the highest predicted speedup."""
-    g, speedup = max(((g, predicted_speedup(a, g, c, v)) for g, v in relative_verify.items()), key=lambda t: t[1])
+    g, speedup = max(((g, leviathan_speedup(a, g, c, v)) for g, v in relative_verify.items()), key=lambda t: t[1])
     return {"speedup": round(speedup, 3), "draft_length": g}
 
 
 def time_steps(
-    factory: Callable, model, sizes: list[int], context: int, repeats: int, vocab: int, device: torch.device
+    factory: Callable, model, tokens: list[int], context: int, sizes: list[int], repeats: int, device: torch.device
 ) -> dict[int, float]:
-    """Median ms of a forward over `size` new tokens after `context` cached ones, for each size."""
-    generator = torch.Generator().manual_seed(1234)
-    tokens = torch.randint(0, vocab, (context + max(sizes),), generator=generator).tolist()
+    """Median ms of a forward over tokens[context : context + size] after the first `context` are
+    cached, for each size (two untimed calls first; the cache is cropped back after each call)."""
     runner = factory(model)
-    runner.forward(tokens[:context], last_only=True)
+    if context:
+        runner.forward(tokens[:context], last_only=True)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     medians = {}
     for size in sizes:
@@ -250,6 +250,11 @@ def time_steps(
             runner.crop(context)
         medians[size] = statistics.median(times)
     return medians
+
+
+def _random_tokens(vocab: int, count: int) -> list[int]:
+    generator = torch.Generator().manual_seed(1234)
+    return torch.randint(0, vocab, (count,), generator=generator).tolist()
 
 
 def _runner_factory(mode: str, model, role: str, context: int, sizes: list[int], progress: bool):
@@ -376,13 +381,6 @@ def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads of {os.cpu_count()} cores"
-
-
-def _load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
 
 
 def _transformers_version() -> str:

@@ -83,11 +83,10 @@ class SpeculativeEngine:
             params=params,
             context=context,
             target=self.make_runner(self.target_model),
-            policy=self.policy,
             output=_Output(self.tokenizer, self.eos_ids, self.stop_strings, budget),
             generator=make_generator(params.seed, self.target_model.device),
         )
-        stats = self.stats = Stats(draft_length=call.policy.k)
+        stats = self.stats = Stats(draft_length=self.policy.k)
         clock = _EngineClock()
         try:
             self._prefill(call)
@@ -111,7 +110,7 @@ class SpeculativeEngine:
 
     def _round(self, call: _Call) -> list[tuple[int, str]]:
         """One round: propose, verify, accept, roll back, adapt. Returns (token, source) pairs."""
-        context, policy = call.context, call.policy
+        context, policy = call.context, self.policy
         lag = self.drafter.lag(context)
         room = call.output.remaining - 1  # the round's own token takes one: never past max_new_tokens
         k = policy.next_draft_length(room, lag)
@@ -140,7 +139,7 @@ class SpeculativeEngine:
         started = time.perf_counter()
         self.drafter.catch_up(call.context)
         seconds = time.perf_counter() - started
-        call.policy.costs.record_catch_up(lag, seconds)
+        self.policy.costs.record_catch_up(lag, seconds)
         self.stats.draft_s += seconds
 
     def _checked_prompt(self, prompt_ids: list[int]) -> list[int]:
@@ -205,7 +204,6 @@ class _Call:
     params: SamplingParams
     context: list[int]  # prompt + reply so far
     target: CachedModel  # owns the target's KV cache for this call
-    policy: DraftLengthPolicy
     output: _Output
     generator: torch.Generator
 

@@ -77,7 +77,7 @@ class LoadedModels:
     # dynamic cache (CachedModel), or a StaticSteps compiled and warmed up at load (issue 6).
     target_runner: Callable | None = None
     draft_runner: Callable | None = None
-    _engines: dict = field(default_factory=dict, repr=False)  # see engine()
+    _engines: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see engine()
 
     def make_engine(
         self,
@@ -91,12 +91,13 @@ class LoadedModels:
 
         if self.target is None:
             raise LoadError(f"the models of preset {self.preset.name} were unloaded: load it again")
+        drafter, draft_length, adaptive = self._settings(drafter, draft_length, adaptive)
         return SpeculativeEngine(
             self.target,
             self.tokenizer,
-            drafter=self._drafter(drafter or self.preset.drafter),
-            draft_length=draft_length if draft_length is not None else self.preset.draft_length,
-            adaptive=self.preset.adaptive if adaptive is None else adaptive,
+            drafter=self._drafter(drafter),
+            draft_length=draft_length,
+            adaptive=adaptive,
             stop_strings=stop_strings,
             **_runner_argument(self.target_runner),
         )
@@ -105,14 +106,18 @@ class LoadedModels:
         """The engine for these settings, built on first use and then kept, so what its draft
         policy measured (step costs, acceptance) carries over from one reply to the next.
         Serves one generation at a time, like every engine."""
-        key = (
+        key = self._settings(drafter, draft_length, adaptive)
+        if key not in self._engines:
+            self._engines[key] = self.make_engine(*key)
+        return self._engines[key]
+
+    def _settings(self, drafter: str | None, draft_length: int | None, adaptive: bool | None) -> tuple:
+        """(drafter, draft_length, adaptive), the preset's defaults in place of None."""
+        return (
             drafter or self.preset.drafter,
             draft_length if draft_length is not None else self.preset.draft_length,
             self.preset.adaptive if adaptive is None else adaptive,
         )
-        if key not in self._engines:
-            self._engines[key] = self.make_engine(*key)
-        return self._engines[key]
 
     @property
     def decode_path(self) -> str:

@@ -144,12 +144,13 @@ class DraftLengthPolicy:
         # is what matters, and it need not grow with length); a costly one stays within k.
         free = self.drafting_is_free()
         k_max = min(self.highest if free else self.k, room)
-        if self.acceptance is None or not self.costs.drafting_measured():
+        acceptance = self.acceptance
+        if acceptance is None or not self.costs.drafting_measured():
             return k_max  # nothing measured yet: try speculation
-        best = self._best_length(self.acceptance, k_max)
-        if free or (best and self._saving_s(best, room) > self.costs.catch_up(lag)):
+        best = self._best_length(acceptance, k_max)
+        if free or (best and self._saving_s(acceptance, best, room) > self.costs.catch_up(lag)):
             return best
-        if self.exploration_s >= self._probe_loss_s(k_max, lag):
+        if self.exploration_s >= self._probe_loss_s(acceptance, k_max, lag):
             self.exploration_s = 0.0
             return k_max  # a probe: the acceptance or the costs may have changed
         return 0
@@ -198,14 +199,14 @@ class DraftLengthPolicy:
         """Measured (or interpolated) time of a round that drafts k tokens and verifies them."""
         return k * self.costs.draft_s_per_token + self.costs.target(k + 1)
 
-    def _saving_s(self, k: int, room: int) -> float:
+    def _saving_s(self, acceptance: float, k: int, room: int) -> float:
         """Time drafting k per round saves over plain decoding on the `room` tokens left."""
-        per_token = self._round_s(k) / expected_tokens(self.acceptance, k)
+        per_token = self._round_s(k) / expected_tokens(acceptance, k)
         return room * (self.costs.target(1) - per_token)
 
-    def _probe_loss_s(self, k: int, lag: int) -> float:
+    def _probe_loss_s(self, acceptance: float, k: int, lag: int) -> float:
         """What one probe of k drafts is expected to cost beyond the plain steps it replaces."""
-        gained = expected_tokens(self.acceptance, k) * self.costs.target(1)
+        gained = expected_tokens(acceptance, k) * self.costs.target(1)
         return self.costs.catch_up(lag) + max(self._round_s(k) - gained, 0.0)
 
     def _best_length(self, acceptance: float, k_max: int) -> int:

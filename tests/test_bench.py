@@ -11,13 +11,9 @@ import pytest
 from specdec_core import bench
 from specdec_core.bench_methods import METHODS, RoundCounts, Run, rounds_from_trace, timed_run
 from specdec_core.bench_questions import DEFAULT_QUESTIONS, FAMILIES, MT_BENCH_CATEGORIES, load_questions
-from specdec_core.bench_theory import (
-    ProbedCosts,
-    acceptance_probability,
-    expected_tokens_per_round,
-    leviathan_speedup,
-    predicted_speedup,
-)
+from specdec_core.bench_theory import ProbedCosts, acceptance_probability, predicted_speedup
+from specdec_core.theory import expected_tokens as expected_tokens_per_round
+from specdec_core.theory import leviathan_speedup
 from tests.tiny_models import require
 
 SPEC_BENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench_questions.jsonl"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
-from specdec_core import cost_model
+from specdec_core import cost_model, theory
 from specdec_core.runner import CachedModel
 from specdec_core.static_runner import (
     COMPILED_STATIC,
@@ -201,10 +201,10 @@ def test_steps_refuse_another_model():
 
 
 def test_leviathan_formula():
-    assert cost_model.expected_tokens(0.8, 4) == pytest.approx((1 - 0.8**5) / 0.2)
-    assert cost_model.expected_tokens(1.0, 4) == 5
+    assert theory.expected_tokens(0.8, 4) == pytest.approx((1 - 0.8**5) / 0.2)
+    assert theory.expected_tokens(1.0, 4) == 5
     # c = 0.1, verify as dear as one step: 3.3616 tokens for 1.4 steps
-    assert cost_model.predicted_speedup(0.8, 4, 0.1) == pytest.approx(3.3616 / 1.4)
+    assert theory.leviathan_speedup(0.8, 4, 0.1) == pytest.approx(3.3616 / 1.4)
     best = cost_model.best_speedup(0.8, 0.1, {1: 1.0, 4: 1.0, 8: 3.0})
     assert best["draft_length"] == 4
 
