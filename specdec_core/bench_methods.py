@@ -5,6 +5,9 @@ ours-*  SpeculativeEngine with drafter none / model / prompt_lookup (the preset'
 hf-*    Hugging Face `generate()`: plain greedy, assisted generation with the preset's draft as
         `assistant_model`, and prompt lookup (`prompt_lookup_num_tokens=10`).
 
+All methods run the same loaded model, so on CPU Hugging Face's too runs on the prepacked linear
+layers (packed_linear): the methods differ only in how they decode.
+
 Every method is timed with the same wall clock around one whole generation. What each target
 forward did (how many tokens were drafted, how many kept) is read the same way for all methods:
 a forward pre-hook on the target records the cache length and the number of input tokens of

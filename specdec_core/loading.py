@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import AUTO, DRAFTERS, ModelSpec, Preset, PresetFile, load_config
+from .packed_linear import has_packed_layers
 from .sources import (
     GATED,
     LoadError,
@@ -129,8 +130,8 @@ class LoadedModels:
 
     def describe(self) -> str:
         """One line per model: parameters, memory, device, dtype, quantization, load time, decode path."""
-        runners = {"target": self.target_runner, "draft": self.draft_runner}
-        return "\n".join(f"{info.line()}  decode: {_decode_path(runners.get(info.role))}" for info in self.info)
+        runners = {"target": (self.target_runner, self.target), "draft": (self.draft_runner, self.draft)}
+        return "\n".join(f"{info.line()}  decode: {_decode_path(*runners[info.role])}" for info in self.info)
 
     def _drafter(self, kind: str):
         from .drafters import ModelDrafter, PromptLookupDrafter
@@ -151,8 +152,9 @@ def _runner_argument(runner: Callable | None) -> dict:
     return {} if runner is None else {"make_runner": runner}
 
 
-def _decode_path(runner: Callable | None) -> str:
-    return getattr(runner, "decode_path", "eager dynamic cache")
+def _decode_path(runner: Callable | None, model=None) -> str:
+    path = getattr(runner, "decode_path", "eager dynamic cache")
+    return f"{path}, prepacked weights" if model is not None and has_packed_layers(model) else path
 
 
 def load_preset(
@@ -196,6 +198,9 @@ def load_preset(
     notes += _offload_notes(target)
     setting = preset.compile if compile is None else compile
     target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes)
+    for role, model, runner in (("target", target, target_runner), ("draft", draft, draft_runner)):
+        if model is not None and runner is None:  # eager decoding; compiled steps pick their own kernels
+            notes += _pack_for_cpu(role, model)
     return LoadedModels(
         preset=preset,
         tokenizer=tokenizer,
@@ -238,6 +243,17 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
             notes.append(f"{role}: compiled {len(steps.step_sizes)} step shapes in {steps.warmup_s:.0f} s")
         runners.append(steps)
     return tuple(runners)
+
+
+def _pack_for_cpu(role: str, model) -> list[str]:
+    """Prepack the fp32 linear layers of a CPU model for oneDNN (see packed_linear); a note if
+    that can't be done here."""
+    from .packed_linear import pack_linear_layers
+
+    if model.device.type != "cpu":
+        return []
+    swapped, problem = pack_linear_layers(model)
+    return [f"{role}: stock linear layers ({problem})"] if problem else []
 
 
 def _preset_notes(preset: Preset, cuda: bool) -> list[str]:

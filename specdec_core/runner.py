@@ -8,6 +8,69 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+class GrowingLayer(DynamicLayer):
+    """A DynamicLayer that writes new keys and values into spare room instead of concatenating.
+
+    DynamicLayer's torch.cat copies the layer's whole cache on every forward; at a 729-token
+    context that was 4% of a SmolLM2-135M step on CPU. Here the room doubles when full, the
+    keys and values handed out are views of the filled part, and a crop is a shorter view.
+    """
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self._key_room = key_states.new_empty(key_states.shape[:-2] + (0, key_states.shape[-1]))
+        self._value_room = value_states.new_empty(value_states.shape[:-2] + (0, value_states.shape[-1]))
+        self._view(0)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.get_seq_length()
+        end = start + key_states.shape[-2]
+        if end > self._key_room.shape[-2]:
+            self._key_room = _grown(self._key_room, start, end)
+            self._value_room = _grown(self._value_room, start, end)
+        self._key_room[..., start:end, :] = key_states
+        self._value_room[..., start:end, :] = value_states
+        self._view(end)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[-2] if self.is_initialized else 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last -tokens_to_remove tokens (transformers 5 passes a negative count)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of tokens to remove, got {tokens_to_remove}")
+        if tokens_to_remove and self.is_initialized:
+            self._view(max(0, self.get_seq_length() + tokens_to_remove))
+
+    def _view(self, length: int) -> None:
+        self.keys = self._key_room[..., :length, :]
+        self.values = self._value_room[..., :length, :]
+
+
+def _grown(room: torch.Tensor, filled: int, needed: int) -> torch.Tensor:
+    """Room for at least `needed` tokens (twice the old room if that is more), the first
+    `filled` copied over."""
+    size = max(needed, 2 * room.shape[-2])
+    bigger = room.new_empty(room.shape[:-2] + (size, room.shape[-1]))
+    bigger[..., :filled, :] = room[..., :filled, :]
+    return bigger
+
+
+def growing_cache(config) -> DynamicCache:
+    """A DynamicCache for `config` whose full-attention layers are GrowingLayers (sliding-window
+    and other special layers stay as transformers builds them)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    if cache.layer_class_to_replicate is DynamicLayer:  # layers made on first use
+        cache.layer_class_to_replicate = GrowingLayer
+    return cache
 
 
 class CachedModel:
@@ -16,7 +79,7 @@ class CachedModel:
     def __init__(self, model) -> None:
         self.model = model
         self.device = model.device
-        self.cache = DynamicCache(config=model.config)
+        self.cache = growing_cache(model.config)
 
     @property
     def length(self) -> int:
