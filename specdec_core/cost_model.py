@@ -5,7 +5,8 @@
     python -m specdec_core.cost_model --target-config smollm2-135m --draft-config tiny --device cpu
 
 It builds random-weight models of the given architectures (step time depends on the shapes, not
-on the values), then measures, for the eager dynamic cache and the compiled static cache:
+on the values), then measures, for the eager dynamic cache and the compiled static cache (and,
+on CPU, the eager cache on prepacked weights, mode `packed`):
 target 1-token step, target verify of k+1 tokens for k = 1..max_k, draft 1-token step; c (draft
 step / target step); baseline tokens/s and its fraction of the memory-bandwidth ceiling
 (device bandwidth / weight bytes read per step); and the speedup Leviathan et al. predict at
@@ -34,7 +35,7 @@ from .cli import load_average
 from .theory import leviathan_speedup
 
 ACCEPTANCE_RATES = (0.6, 0.7, 0.8)
-MODES = ("eager", "compiled")
+MODES = ("eager", "compiled", "packed")  # packed: eager on prepacked weights (CPU; what the app runs there)
 
 # config.json values of the published models (random weights; only the shapes matter).
 ARCHITECTURES: dict[str, dict] = {
@@ -123,7 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=256, help="tokens already in the cache when timing (default 256)")
     p.add_argument("--max-k", type=int, default=8, help="verify steps are timed for k = 1..max_k (default 8)")
     p.add_argument("--repeats", type=int, default=20, help="timed calls per step; the median is reported")
-    p.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled")
+    p.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled, packed "
+                   "(eager on prepacked weights; CPU only)")
     p.add_argument("--bandwidth-gbs", type=float, help="device memory bandwidth in GB/s (default: a table of "
                    "known GPUs; on CPU a measured memcpy)")
     p.add_argument("--seed", type=int, default=0)
@@ -153,6 +155,8 @@ def run_cost_model(
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         raise ValueError(f"modes must be among {', '.join(MODES)}, got {', '.join(modes) or 'none'}")
+    if "packed" in modes and device.type != "cpu":
+        raise ValueError("mode packed is for CPU (prepacked oneDNN weights): use --device cpu")
     if max_k < 1 or context < 1 or repeats < 1:
         raise ValueError("--max-k, --context and --repeats must be >= 1")
     torch_dtype = _dtype(dtype, device)
@@ -186,9 +190,10 @@ def run_cost_model(
     for mode in modes:
         timings = {}
         for role, sizes in (("target", [1, *verify_sizes]), ("draft", [1])):
-            factory, info = _runner_factory(mode, models[role], role, context, sizes, progress)
-            tokens = _random_tokens(models[role].config.vocab_size, context + max(sizes))
-            timings[role] = {"ms": time_steps(factory, models[role], tokens, context, sizes, repeats, device), **info}
+            model = _packed_copy(models[role]) if mode == "packed" else models[role]
+            factory, info = _runner_factory(mode, model, role, context, sizes, progress)
+            tokens = _random_tokens(model.config.vocab_size, context + max(sizes))
+            timings[role] = {"ms": time_steps(factory, model, tokens, context, sizes, repeats, device), **info}
         result["modes"][mode] = summarize(timings, result["models"]["target"]["weight_bytes_per_step"], bandwidth)
         _free(device)
     return result
@@ -257,13 +262,27 @@ def _random_tokens(vocab: int, count: int) -> list[int]:
     return torch.randint(0, vocab, (count,), generator=generator).tolist()
 
 
+def _packed_copy(model):
+    """A copy of `model` with its linear layers prepacked (packed_linear), as the app loads it on CPU."""
+    import copy
+
+    from .packed_linear import pack_linear_layers
+
+    packed = copy.deepcopy(model)
+    _, problem = pack_linear_layers(packed)
+    if problem:
+        raise ValueError(f"mode packed: {problem}")
+    return packed
+
+
 def _runner_factory(mode: str, model, role: str, context: int, sizes: list[int], progress: bool):
-    """(make_runner, info) for one mode: eager = CachedModel, compiled = StaticSteps."""
+    """(make_runner, info) for one mode: eager and packed = CachedModel, compiled = StaticSteps."""
     from .runner import CachedModel
     from .static_runner import EAGER_DYNAMIC, StaticSteps
 
-    if mode == "eager":
-        return CachedModel, {"path": EAGER_DYNAMIC, "compile_s": None, "fallback": None}
+    if mode in ("eager", "packed"):
+        path = EAGER_DYNAMIC + (", prepacked weights" if mode == "packed" else "")
+        return CachedModel, {"path": path, "compile_s": None, "fallback": None}
     steps = StaticSteps(
         model, max_length=context + max(sizes) + 1, step_sizes=sizes, compile=True,
         progress=progress, name=role,

@@ -226,6 +226,17 @@ def test_cost_model_command_on_tiny_configs(tmp_path, capsys):
     assert "| target 1-token step (ms) |" in capsys.readouterr().out
 
 
+def test_cost_model_packed_mode_times_a_prepacked_copy():
+    result = cost_model.run_cost_model("tiny", "tiny-draft", context=8, max_k=2, repeats=1, modes=("eager", "packed"),
+                                       bandwidth_gbs=10.0, progress=False)
+    packed = result["modes"]["packed"]
+    assert packed["target_path"] == packed["draft_path"] == EAGER_DYNAMIC + ", prepacked weights"
+    assert result["modes"]["eager"]["target_path"] == EAGER_DYNAMIC  # the copy was packed, not the model
+    assert packed["target_step_ms"] > 0 and list(packed["verify_ms"]) == ["1", "2"]
+    with pytest.raises(ValueError, match="CPU"):
+        cost_model.run_cost_model("tiny", "tiny-draft", device="meta", modes=("packed",))
+
+
 def test_cost_model_compiled_column_reports_a_fallback(monkeypatch):
     monkeypatch.setattr(torch, "compile", _unavailable_compile)
     result = cost_model.run_cost_model("tiny", "tiny-draft", context=8, max_k=2, repeats=1,
