@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -198,15 +198,16 @@ def load_preset(
     notes += _offload_notes(target)
     setting = preset.compile if compile is None else compile
     target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes)
+    info = [target_info, *info]
     for role, model, runner in (("target", target, target_runner), ("draft", draft, draft_runner)):
         if model is not None and runner is None:  # eager decoding; compiled steps pick their own kernels
-            notes += _pack_for_cpu(role, model)
+            notes += _pack_for_cpu(role, model, info)
     return LoadedModels(
         preset=preset,
         tokenizer=tokenizer,
         target=target,
         draft=draft,
-        info=[target_info, *info],
+        info=info,
         notes=notes,
         draft_tokenizer=draft_tokenizer,
         target_runner=target_runner,
@@ -245,15 +246,21 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
     return tuple(runners)
 
 
-def _pack_for_cpu(role: str, model) -> list[str]:
-    """Prepack the fp32 linear layers of a CPU model for oneDNN (see packed_linear); a note if
-    that can't be done here."""
+def _pack_for_cpu(role: str, model, info: list[ModelInfo]) -> list[str]:
+    """Prepack the fp32 linear layers of a CPU model for oneDNN (see packed_linear) and update
+    its memory in `info` (a packed copy of a tied output embedding is extra); a note if that
+    can't be done here."""
     from .packed_linear import pack_linear_layers
 
     if model.device.type != "cpu":
         return []
     swapped, problem = pack_linear_layers(model)
-    return [f"{role}: stock linear layers ({problem})"] if problem else []
+    if problem:
+        return [f"{role}: stock linear layers ({problem})"]
+    if swapped:
+        at = next(i for i, item in enumerate(info) if item.role == role)
+        info[at] = replace(info[at], memory_bytes=model.get_memory_footprint())
+    return []
 
 
 def _preset_notes(preset: Preset, cuda: bool) -> list[str]:

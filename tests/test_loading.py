@@ -250,7 +250,9 @@ def test_smollm2_local_loads_fp32_target_and_nf4_draft(smollm2_local):
     assert (target.dtype, target.quantization, target.device) == ("float32", "none", "cpu")
     assert draft.quantization == "nf4"
     assert target.parameters == draft.parameters == 134_515_008
-    assert 500e6 < target.memory_bytes < 560e6 and draft.memory_bytes < 200e6
+    # fp32 weights (538 MB) plus a prepacked copy of the tied 49152 x 576 output embedding (113 MB)
+    # in each model; the draft's layers are nf4
+    assert 640e6 < target.memory_bytes < 660e6 and draft.memory_bytes < 300e6
     assert smollm2_local.tokenizer.eos_token == "<|im_end|>"
 
 
