@@ -3,20 +3,23 @@
 Decoding multiplies each weight matrix by 1 to 9 rows (a token, or a token plus its drafts).
 PyTorch's stock fp32 CPU linear is slow at that shape: measured on a 2-core AVX-512 VM with
 SmolLM2-135M (30 layers, 576 wide, 49152-token head) at a 729-token context, a 1-token step
-takes 63 ms and a step over 1+4 tokens 97 ms. With every weight laid out once, at load, in
+takes 54 ms and a step over 1+4 tokens 92 ms. With every weight laid out once, at load, in
 oneDNN's blocked format (what torch.compile's CPU weight freezing does) the same steps take
-40 and 48 ms: plain decoding gets faster, and verifying drafts gets cheaper relative to it,
-which is what speculation needs.
+37 and 43 ms (`python -m specdec_core.cost_model --modes eager,packed`, docs/bench/
+cost_model_cpu.md): plain decoding gets faster, and verifying drafts gets cheaper relative to
+it, which is what speculation needs.
 
 `pack_linear_layers(model)` swaps every fp32 `nn.Linear` of a CPU model for a PackedLinear in
 place. A different kernel sums in a different order, so logits move by float rounding (about
 1e-6) exactly as with any other kernel or thread count; everything that decodes with the
-model, baseline and speculative alike, then runs the same kernel. Where oneDNN's ops are
-missing or disagree with the stock linear, nothing is swapped and the reason is returned.
+model, baseline and speculative alike, then runs the same kernel. Off x86-64 (not measured
+there), or where oneDNN's ops are missing or disagree with the stock linear, nothing is swapped
+and the reason is returned.
 """
 
 from __future__ import annotations
 
+import platform
 from functools import cache
 
 import torch
@@ -82,6 +85,8 @@ def _packable(module: nn.Module) -> bool:
 def packing_problem() -> str | None:
     """Why weights can't be packed in this torch build, or None: the ops must exist and agree
     with the stock linear on a small random layer."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"measured faster on x86-64 only, this is {platform.machine()}"
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN"
     generator = torch.Generator().manual_seed(0)

@@ -62,3 +62,13 @@ def test_packing_keeps_the_real_models_greedy_text(smollm2):
     assert SpeculativeEngine(packed, tokenizer).generate(prompt, params).token_ids == stock
     lookup = SpeculativeEngine(packed, tokenizer, drafter=PromptLookupDrafter(), adaptive=False).generate(prompt, params)
     assert lookup.token_ids == stock and lookup.stats.accepted_tokens > 0
+
+
+def test_where_packing_cant_be_done_the_models_load_stock_and_a_note_says_why(tiny_presets, monkeypatch):
+    from specdec_core import loading, packed_linear
+
+    monkeypatch.setattr(packed_linear, "packing_problem", lambda: "measured faster on x86-64 only, this is arm64")
+    models = loading.load_preset("tiny", tiny_presets.config)
+    assert not has_packed_layers(models.target) and not has_packed_layers(models.draft)
+    assert "target: stock linear layers (measured faster on x86-64 only, this is arm64)" in models.notes
+    assert "prepacked" not in models.describe()
