@@ -8,7 +8,8 @@ The engine drives a drafter through these calls per generation:
     propose(context, k, params, generator)  -> Draft: up to k tokens + the distributions
                                              they were drawn from
     accepted(n)                             the target kept the first n drafted tokens
-    release()                               the generation ended; free per-call memory
+    release(context)                        the generation ended with this sequence (None:
+                                             drop whatever the drafter kept from it)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .runner import CachedModel
+from .runner import CachedModel, KeptRunner
 from .sampling import SamplingParams, probabilities, sample
 
 
@@ -60,8 +61,9 @@ class Drafter:
     def accepted(self, n: int) -> None:
         """The target accepted the first n tokens of the last draft."""
 
-    def release(self) -> None:
-        """The generation is over: drop per-sequence state."""
+    def release(self, context: list[int] | None) -> None:
+        """The generation is over, ending with `context`. A drafter may keep what it read of it
+        for the next generation; with None it must drop that."""
 
 
 class ModelDrafter(Drafter):
@@ -69,7 +71,8 @@ class ModelDrafter(Drafter):
 
     It keeps its own KV cache across rounds and crops it after each verification, so each
     round feeds it only the tokens it has not seen yet: the accepted drafts that were never
-    fed back, and the token the target emitted at the end of the round.
+    fed back, and the token the target emitted at the end of the round. The cache is kept
+    across generations too, like the target's (runner.KeptRunner).
     """
 
     name = "model"
@@ -81,6 +84,7 @@ class ModelDrafter(Drafter):
         make_runner: builds the object that owns the draft's KV cache (see SpeculativeEngine)."""
         self.model = draft_model.eval()
         self.make_runner = make_runner
+        self._kept = KeptRunner(make_runner, self.model)
         self.tokenizer = tokenizer
         self.min_confidence = min_confidence
         self._runner: CachedModel | None = None
@@ -99,7 +103,7 @@ class ModelDrafter(Drafter):
         self._target_device = target_model.device
 
     def reset(self, prompt_ids: list[int]) -> None:
-        self._runner = self.make_runner(self.model)
+        self._runner = self._kept.start(prompt_ids)  # what it lacks is read as catch-up
         self._proposed_from = self._fed_drafts = 0
 
     def lag(self, context: list[int]) -> int:
@@ -134,7 +138,11 @@ class ModelDrafter(Drafter):
     def accepted(self, n: int) -> None:
         self._runner.crop(self._proposed_from + min(n, self._fed_drafts))
 
-    def release(self) -> None:
+    def release(self, context: list[int] | None) -> None:
+        if context is None:
+            self._kept.drop()
+        else:
+            self._kept.finish(context)
         self._runner = None
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):

@@ -19,7 +19,7 @@ from .detok import IncrementalDetokenizer
 from .drafters import Draft, Drafter
 from .events import BONUS, DRAFT, RESAMPLED, TARGET, GenerationResult, Stats, TokenEvent
 from .policy import DEFAULT_DRAFT_LENGTH, DraftLengthPolicy
-from .runner import CachedModel
+from .runner import CachedModel, KeptRunner
 from .sampling import SamplingParams, make_generator, probabilities
 
 
@@ -27,7 +27,9 @@ class SpeculativeEngine:
     """Lossless speculative decoding of one target model with a pluggable drafter.
 
     drafter=None decodes plainly through the same code (the fair baseline). One engine serves
-    one generation at a time; `stats` holds the running numbers of the latest one.
+    one generation at a time; `stats` holds the running numbers of the latest one. It keeps
+    the KV caches of the last generation, so a prompt that starts with it (a chat's next turn)
+    reads only its new tokens; `forget()` drops them.
     """
 
     def __init__(
@@ -40,8 +42,9 @@ class SpeculativeEngine:
         stop_strings: Iterable[str] = (),
         make_runner: Callable[[object], CachedModel] = CachedModel,
     ) -> None:
-        """make_runner: builds the object that owns the target's KV cache for one generation
-        (CachedModel, or a static-cache runner with the same forward/crop/length interface)."""
+        """make_runner: builds the object that owns the target's KV cache, kept from one
+        generation to the next (CachedModel, or a static-cache runner with the same
+        forward/crop/length interface)."""
         # One policy for the engine's lifetime: measured step costs and acceptance carry over
         # from one reply to the next, so a draft that can't pay here isn't probed afresh each time.
         self.policy = DraftLengthPolicy(draft_length, adaptive)  # also validates draft_length
@@ -53,6 +56,8 @@ class SpeculativeEngine:
         self.adaptive = adaptive
         self.stop_strings = tuple(stop_strings)
         self.make_runner = make_runner
+        self._target = KeptRunner(make_runner, self.target_model)  # a chat's earlier turns stay read
+        self._generations = 0  # started so far; only the latest may keep what it read
         self.eos_ids = eos_token_ids(tokenizer, self.target_model)
         self.context_limit = context_limit(self.target_model)
         self.stats = Stats(draft_length=draft_length)
@@ -79,10 +84,12 @@ class SpeculativeEngine:
         """
         context = self._checked_prompt(prompt_ids)
         budget = min(params.max_new_tokens, self.context_limit - len(context))
+        self._generations += 1
+        generation = self._generations
         call = _Call(
             params=params,
             context=context,
-            target=self.make_runner(self.target_model),
+            target=self._target.start(context),
             output=_Output(self.tokenizer, self.eos_ids, self.stop_strings, budget),
             generator=make_generator(params.seed, self.target_model.device),
         )
@@ -105,8 +112,24 @@ class SpeculativeEngine:
                     clock.resume()
                     if call.output.done:
                         return
+        except BaseException as error:
+            # A consumer that stops iterating stops us between rounds, with whole caches; any
+            # other exception may have stopped a forward halfway, and then nothing kept is sound.
+            if not isinstance(error, GeneratorExit):
+                self.forget()
+            raise
         finally:
-            self.drafter.release()
+            # Keep what was read for the next generation (no-ops after forget), unless a newer
+            # one has started meanwhile (this stream was abandoned, and closed only now).
+            if generation == self._generations:
+                self._target.finish(context)
+                self.drafter.release(context)
+
+    def forget(self) -> None:
+        """Drop what the target and the drafter kept from earlier generations, so the next one
+        reads its whole prompt (the benchmark starts every timed run like this)."""
+        self._target.drop()
+        self.drafter.release(None)
 
     def _round(self, call: _Call) -> list[tuple[int, str]]:
         """One round: propose, verify, accept, roll back, adapt. Returns (token, source) pairs."""
@@ -154,10 +177,12 @@ class SpeculativeEngine:
         return context
 
     def _prefill(self, call: _Call) -> None:
-        """Fill the target's cache with all but the last prompt token (see the invariant)."""
-        if len(call.context) > 1:
+        """Fill the target's cache with all but the last prompt token (see the invariant); the
+        part an earlier generation left in it is not read again."""
+        unread = call.context[call.target.length : -1]
+        if unread:
             started = time.perf_counter()
-            call.target.forward(call.context[:-1], last_only=True)
+            call.target.forward(unread, last_only=True)
             self.stats.target_forwards += 1
             self.stats.verify_s += time.perf_counter() - started
 

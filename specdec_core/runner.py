@@ -6,6 +6,8 @@ else reaches into it. Rolling back after rejected drafts is a crop, never a reco
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -108,3 +110,47 @@ class CachedModel:
         surplus = self.length - keep
         if surplus > 0:
             self.cache.crop(-surplus)
+
+
+class KeptRunner:
+    """One model's runner kept from one generation to the next.
+
+    A chat sends its whole conversation every turn. The keys and values of the turns the
+    model has already read are still in this runner's cache, so a new sequence only has to be
+    read from where it stops matching what the cache holds (on CPU, SmolLM2-135M reads a
+    1500-token conversation in about 2.8 s: that is the time to first token saved per turn).
+    """
+
+    def __init__(self, make_runner: Callable[[object], CachedModel], model) -> None:
+        self._make_runner, self._model = make_runner, model
+        self._runner: CachedModel | None = None
+        self._held: list[int] = []  # exactly the tokens the runner's cache holds
+
+    def start(self, sequence: list[int]) -> CachedModel:
+        """The runner, its cache cropped to the longest prefix it shares with sequence[:-1]
+        (the last token is always left to read: it yields the next token's distribution)."""
+        if self._runner is None:
+            self._runner, self._held = self._make_runner(self._model), []
+        shared = _shared_prefix_length(self._held, sequence[:-1])
+        self._runner.crop(shared)
+        self._held = self._held[:shared]
+        return self._runner
+
+    def finish(self, sequence: list[int]) -> None:
+        """The generation ended cleanly with `sequence`; the cache holds a prefix of it (and
+        perhaps tokens that were drafted and kept but not emitted, which are dropped)."""
+        if self._runner is not None:
+            self._held = sequence[: min(self._runner.length, len(sequence))]
+            self._runner.crop(len(self._held))
+
+    def drop(self) -> None:
+        """Forget the cache (a forward may have stopped halfway; or to start cold)."""
+        self._runner, self._held = None, []
+
+
+def _shared_prefix_length(a: list[int], b: list[int]) -> int:
+    length = min(len(a), len(b))
+    for i in range(length):
+        if a[i] != b[i]:
+            return i
+    return length

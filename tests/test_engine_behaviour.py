@@ -1,12 +1,14 @@
 """Cache rollback, stops, clamping, draft-length bounds, vocabularies and bad input."""
 
 import copy
+from contextlib import contextmanager
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
 from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core.policy import MAX_DRAFT_LENGTH
 from tests.tiny_models import perturbed_copy, tiny_llama, tiny_qwen2
 
 PROMPT = "Once upon a time, in a land far away, there lived"
@@ -126,7 +128,7 @@ def test_the_draft_catches_up_apart_and_a_kept_engine_spares_it_when_drafting_do
     assert costs.catch_up_s_per_token is not None
     costs.draft_s_per_token = 10 * costs.target(1)  # now drafting plainly can't pay
     catch_ups = costs.catch_up_s_per_token
-    engine.generate(long_prompt, greedy(8))
+    engine.generate(list(range(500, 800)), greedy(8))  # a new long prompt: the draft would read it all
     assert engine.stats.drafted_tokens == 0 and costs.catch_up_s_per_token == catch_ups  # no probe
 
 
@@ -211,3 +213,74 @@ def test_random_output_text_adds_up(target, smol_tokenizer, prompt_ids):
     engine = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(perturbed_copy(target, 0.05, 1)))
     result = engine.generate(prompt_ids, SamplingParams(temperature=1.2, max_new_tokens=40, seed=4))
     assert result.text == smol_tokenizer.decode(result.token_ids, skip_special_tokens=True)
+
+
+@contextmanager
+def tokens_read(model):
+    """Count the input tokens of every forward of `model`."""
+    counts = []
+    handle = model.register_forward_pre_hook(lambda m, args, kwargs: counts.append(kwargs["input_ids"].shape[-1]),
+                                             with_kwargs=True)
+    try:
+        yield counts
+    finally:
+        handle.remove()
+
+
+def test_a_chats_next_turn_reads_only_its_new_tokens(target, smol_tokenizer):
+    """The engine keeps its target's and its draft's caches from one reply to the next."""
+    draft = perturbed_copy(target, noise=0.05, seed=4)
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(draft), draft_length=3, adaptive=False)
+    first_prompt = list(range(300, 400))
+    first = engine.generate(first_prompt, greedy(12)).token_ids
+    second_prompt = first_prompt + first + list(range(600, 620))  # the reply, then the user's next message
+    with tokens_read(target) as target_reads, tokens_read(draft) as draft_reads:
+        stream = engine.stream(second_prompt, greedy(12))
+        next(stream)
+    # The target's cache held the first prompt and the reply but its last token (never fed).
+    assert target_reads[0] == len(second_prompt) - 1 - (len(first_prompt) + len(first) - 1) == 20
+    assert sum(draft_reads) < 40  # its catch-up and one proposal; a fresh draft reads all 132
+    stream.close()
+    # What a kept cache gives equals what reading everything gives.
+    fresh = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(draft), draft_length=3, adaptive=False)
+    assert engine.generate(second_prompt, greedy(12)).token_ids == fresh.generate(second_prompt, greedy(12)).token_ids
+
+
+def test_retry_reads_nothing_again_and_gives_the_same_reply(target, smol_tokenizer, prompt_ids):
+    prompt = list(prompt_ids) + list(range(300, 340))
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter())
+    first = engine.generate(prompt, greedy(16)).token_ids
+    with tokens_read(target) as reads:
+        again = engine.generate(prompt, greedy(16)).token_ids
+    assert again == first
+    assert len(reads) == engine.stats.target_forwards and reads[0] <= 1 + MAX_DRAFT_LENGTH  # no prefill
+
+
+def test_a_reply_stopped_by_the_consumer_is_kept_and_a_failed_one_is_forgotten(target, smol_tokenizer, prompt_ids):
+    engine = SpeculativeEngine(target, smol_tokenizer)
+    stream = engine.stream(prompt_ids, greedy(20))
+    shown = [next(stream).token_id for _ in range(5)]
+    stream.close()  # the user pressed Stop
+    follow_up = list(prompt_ids) + shown + [500, 501]
+    with tokens_read(target) as reads:
+        engine.generate(follow_up, greedy(4))
+    assert reads[0] == 2  # the last shown token (never fed) and 500; 501 is the first round's
+
+    class FailsOnDemand(PromptLookupDrafter):
+        fail = False
+
+        def propose(self, context, k, params, generator):
+            if self.fail:
+                raise RuntimeError("boom")
+            return super().propose(context, k, params, generator)
+
+    drafter = FailsOnDemand()
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter, adaptive=False)
+    engine.generate(prompt_ids, greedy(8))
+    drafter.fail = True
+    with pytest.raises(RuntimeError, match="boom"):
+        engine.generate(follow_up, greedy(8))
+    drafter.fail = False
+    with tokens_read(target) as reads:
+        engine.generate(follow_up, greedy(2))
+    assert reads[0] == len(follow_up) - 1  # a failed reply may have left a forward halfway: read afresh

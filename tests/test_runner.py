@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from specdec_core.runner import CachedModel, GrowingLayer, growing_cache
+from specdec_core.runner import CachedModel, GrowingLayer, KeptRunner, growing_cache
 from tests.tiny_models import tiny_llama, tiny_qwen2
 
 
@@ -50,3 +50,20 @@ def test_sliding_window_layers_stay_as_transformers_builds_them():
     cache = growing_cache(model.config)
     kinds = [type(layer) for layer in cache.layers]
     assert GrowingLayer in kinds and any(kind not in (GrowingLayer, DynamicLayer) for kind in kinds)
+
+
+def test_kept_runner_crops_to_the_prefix_it_shares_with_the_next_sequence():
+    model = tiny_llama(seed=4)
+    kept = KeptRunner(CachedModel, model)
+    runner = kept.start([1, 2, 3, 4, 5])
+    assert runner.length == 0
+    runner.forward([1, 2, 3, 4, 5, 6, 7])  # the reply's tokens too, one of them never shown
+    kept.finish([1, 2, 3, 4, 5, 6])
+    assert runner.length == 6  # what the cache held beyond the sequence is dropped
+    assert kept.start([1, 2, 3, 9, 9]) is runner and runner.length == 3  # shares [1, 2, 3]
+    runner.forward([9])
+    kept.finish([1, 2, 3, 9, 9])
+    assert kept.start([1, 2, 3, 9, 9]).length == 4  # the same sequence again: all but its last token
+    kept.drop()
+    fresh = kept.start([1, 2, 3, 9, 9])
+    assert fresh is not runner and fresh.length == 0
