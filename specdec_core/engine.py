@@ -228,7 +228,7 @@ class _Call:
 
     params: SamplingParams
     context: list[int]  # prompt + reply so far
-    target: CachedModel  # owns the target's KV cache for this call
+    target: CachedModel  # the target's KV cache, kept from the engine's last generation
     output: _Output
     generator: torch.Generator
 

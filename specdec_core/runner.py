@@ -140,7 +140,7 @@ class KeptRunner:
         """The generation ended cleanly with `sequence`; the cache holds a prefix of it (and
         perhaps tokens that were drafted and kept but not emitted, which are dropped)."""
         if self._runner is not None:
-            self._held = sequence[: min(self._runner.length, len(sequence))]
+            self._held = sequence[: self._runner.length]
             self._runner.crop(len(self._held))
 
     def drop(self) -> None:

@@ -8,6 +8,7 @@ import torch
 from transformers import AutoTokenizer
 
 from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core.bench_methods import trace_forwards
 from specdec_core.policy import MAX_DRAFT_LENGTH
 from tests.tiny_models import perturbed_copy, tiny_llama, tiny_qwen2
 
@@ -217,14 +218,11 @@ def test_random_output_text_adds_up(target, smol_tokenizer, prompt_ids):
 
 @contextmanager
 def tokens_read(model):
-    """Count the input tokens of every forward of `model`."""
-    counts = []
-    handle = model.register_forward_pre_hook(lambda m, args, kwargs: counts.append(kwargs["input_ids"].shape[-1]),
-                                             with_kwargs=True)
-    try:
+    """The input tokens of every forward of `model` inside the block (filled when it ends)."""
+    counts: list[int] = []
+    with trace_forwards(model) as calls:
         yield counts
-    finally:
-        handle.remove()
+    counts.extend(inputs for _, inputs in calls)
 
 
 def test_a_chats_next_turn_reads_only_its_new_tokens(target, smol_tokenizer):
