@@ -27,8 +27,8 @@ import torch
 import app_render as R
 from specdec_core import SamplingParams
 from specdec_core.chat import chat_prompt_ids
-from specdec_core.config import ConfigError, load_presets
-from specdec_core.loading import LoadedModels, LoadError, load_preset, unload
+from specdec_core.presets.config import ConfigError, load_presets
+from specdec_core.presets.loading import LoadedModels, LoadError, load_preset, unload
 
 log = logging.getLogger("specdec.app")
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specdec_core import SamplingParams  # noqa: E402
 from specdec_core.chat import chat_prompt_ids  # noqa: E402
-from specdec_core.loading import load_preset  # noqa: E402
+from specdec_core.presets.loading import load_preset  # noqa: E402
 
 QUESTIONS = (
     "Explain how a bicycle gear system works, in detail.",

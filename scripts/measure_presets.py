@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specdec_core import SamplingParams  # noqa: E402
 from specdec_core.chat import chat_prompt_ids  # noqa: E402
-from specdec_core.loading import load_preset  # noqa: E402
+from specdec_core.presets.loading import load_preset  # noqa: E402
 
 PROMPTS = {
     "code": "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples.",

@@ -12,7 +12,7 @@ import json
 import sys
 
 from .cli import EXIT_ERROR, inform, run_guarded  # noqa: F401  (EXIT_ERROR: this command's exit code)
-from .config import AUTO, DRAFTERS, load_config
+from .presets.config import AUTO, DRAFTERS, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +62,7 @@ def run_presets(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     # Imported here so `presets` and `--help` answer without loading torch.
     from .chat import chat_prompt_ids
-    from .loading import load_preset
+    from .presets.loading import load_preset
     from .sampling import SamplingParams
 
     params = SamplingParams(

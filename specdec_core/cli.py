@@ -1,14 +1,12 @@
-"""What the command lines share: one-line errors (exit code 2, never a traceback), notes on stderr,
-and the machine's load average for the reports."""
+"""What the command lines (`python -m specdec_core`, the benchmark, the cost model) share:
+one-line errors (exit code 2, never a traceback) and notes on stderr."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 
-from .config import ConfigError
-from .sources import LoadError
+from .errors import LoadError
 
 EXIT_ERROR = 2
 
@@ -18,7 +16,7 @@ def run_guarded(command: Callable[[], int]) -> int:
     with one line on stderr and EXIT_ERROR; Ctrl-C with 130."""
     try:
         return command()
-    except (ConfigError, LoadError, ValueError) as error:
+    except (LoadError, ValueError) as error:  # a preset file's ConfigError is a ValueError
         print(f"error: {one_line(error)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
@@ -34,10 +32,3 @@ def inform(*lines: str) -> None:
     """Notes for the user on stderr, so stdout keeps only the command's output."""
     for line in lines:
         print(line, file=sys.stderr)
-
-
-def load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):  # not on every platform
-        return None

@@ -1,6 +1,6 @@
 """Tiny models in folders and a fake hub cache, named by a test models.yaml.
 
-Everything loads through specdec_core.loading exactly as real presets do: local folders by
+Everything loads through specdec_core.presets.loading exactly as real presets do: local folders by
 path, and `tiny-org/tiny-llama` as a hub repo id found in a hub cache laid out the way
 huggingface_hub writes it (used with HF_HUB_CACHE and HF_HUB_OFFLINE=1 in a subprocess).
 """

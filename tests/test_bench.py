@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from specdec_core import bench
-from specdec_core.bench_methods import METHODS, RoundCounts, Run, rounds_from_trace, timed_run
-from specdec_core.bench_questions import DEFAULT_QUESTIONS, FAMILIES, MT_BENCH_CATEGORIES, load_questions
-from specdec_core.bench_theory import ProbedCosts, acceptance_probability, predicted_speedup
+from specdec_core.bench import run as bench
+from specdec_core.bench.methods import METHODS, RoundCounts, Run, rounds_from_trace, timed_run
+from specdec_core.bench.questions import DEFAULT_QUESTIONS, FAMILIES, MT_BENCH_CATEGORIES, load_questions
+from specdec_core.bench.theory_check import ProbedCosts, acceptance_probability, predicted_speedup
 from specdec_core.theory import expected_tokens as expected_tokens_per_round
 from specdec_core.theory import leviathan_speedup
 from tests.tiny_models import require
@@ -102,7 +102,7 @@ def test_own_questions_cover_the_six_spec_bench_families():
     assert [f for f in FAMILIES if any(q.family == f for q in questions)] == list(FAMILIES)
     for family in FAMILIES:
         assert sum(q.family == family for q in questions) >= 3
-    assert DEFAULT_QUESTIONS.parent.name == "data" and DEFAULT_QUESTIONS.parent.parent.name == "specdec_core"
+    assert DEFAULT_QUESTIONS.parent.name == "data" and DEFAULT_QUESTIONS.parent.parent.name == "bench"
 
 
 def test_own_categories_are_spec_bench_category_names():
@@ -186,8 +186,8 @@ def test_small_run_has_a_theory_check_per_speculative_method(tiny_run):
 
 
 def test_traced_rounds_agree_with_the_engine_stats(tiny_app_config):
-    from specdec_core.bench_methods import OursMethod
-    from specdec_core.loading import load_preset
+    from specdec_core.bench.methods import OursMethod
+    from specdec_core.presets.loading import load_preset
     from specdec_core.sampling import SamplingParams
 
     models = load_preset("tiny", tiny_app_config)
@@ -204,7 +204,7 @@ def test_traced_rounds_agree_with_the_engine_stats(tiny_app_config):
 
 
 def test_a_mismatch_of_our_method_exits_non_zero(tiny_app_config, tmp_path, monkeypatch):
-    from specdec_core import bench_methods
+    from specdec_core.bench import methods as bench_methods
 
     real = bench_methods.OursMethod.generate
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_core.config import _PRESET_KEYS, DEFAULT_CONFIG, ConfigError, ModelSpec, load_config, load_presets, parse_model_source
+from specdec_core.presets.config import _PRESET_KEYS, DEFAULT_CONFIG, ConfigError, ModelSpec, load_config, load_presets, parse_model_source
 
 GOOD_PRESET = """\
     description: a test preset

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoTokenizer
 
 from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
-from specdec_core.bench_methods import trace_forwards
+from specdec_core.bench.methods import trace_forwards
 from specdec_core.policy import MAX_DRAFT_LENGTH
 from tests.tiny_models import perturbed_copy, tiny_llama, tiny_qwen2
 

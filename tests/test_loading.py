@@ -9,10 +9,10 @@ import torch
 from huggingface_hub.errors import GatedRepoError
 
 from specdec_core import SOURCES, SamplingParams
-from specdec_core import sources as sources_module
+from specdec_core.presets import sources as sources_module
 from specdec_core.chat import chat_prompt_ids
-from specdec_core.config import load_config
-from specdec_core.loading import (
+from specdec_core.presets.config import load_config
+from specdec_core.presets.loading import (
     LoadError,
     choose_auto_preset,
     draft_quantization,
@@ -20,7 +20,7 @@ from specdec_core.loading import (
     load_preset,
     unload,
 )
-from specdec_core.sources import GATED, UNREACHABLE, resolve
+from specdec_core.presets.sources import GATED, UNREACHABLE, resolve
 from tests.tiny_models import require
 
 GB = 1024**3
@@ -261,7 +261,7 @@ def test_smollm2_local_weights_are_the_gguf_weights(smollm2_local):
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    from specdec_core.sources import bundled_gguf
+    from specdec_core.presets.sources import bundled_gguf
 
     reader = GGUFReader(bundled_gguf("smollm2-135m-instruct"))
     tensor = next(t for t in reader.tensors if t.name == "token_embd.weight")
@@ -308,7 +308,7 @@ def test_loading_without_the_draft(tiny_presets):
 
 def test_gguf_file_preset_reuses_the_cached_conversion(smollm2_local, tmp_path, monkeypatch):
     """A preset naming a .gguf file goes through the same once-only conversion as the bundled model."""
-    from specdec_core.sources import bundled_gguf
+    from specdec_core.presets.sources import bundled_gguf
 
     def convert_again(*args):
         raise AssertionError("converted twice")

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
-from specdec_core import cost_model, theory
+from specdec_core import theory
+from specdec_core.bench import cost_model
 from specdec_core.runner import CachedModel
 from specdec_core.static_runner import (
     COMPILED_STATIC,
@@ -291,7 +292,7 @@ def compile_presets(tmp_path_factory, smol_tokenizer):
 
 
 def test_preset_compile_key(compile_presets, tmp_path):
-    from specdec_core.config import ConfigError, load_presets
+    from specdec_core.presets.config import ConfigError, load_presets
 
     presets = load_presets(compile_presets)
     assert presets["plain"].compile == "auto" and presets["fast"].compile is True
@@ -304,7 +305,7 @@ def test_preset_compile_key(compile_presets, tmp_path):
 def test_loading_builds_compiled_runners_and_says_so(compile_presets, monkeypatch):
     """compile on: both models get StaticSteps built at load, engines use them, describe() and
     decode_path say so. (torch.compile is replaced by the identity here to keep this fast.)"""
-    from specdec_core.loading import load_preset, unload
+    from specdec_core.presets.loading import load_preset, unload
 
     plain = load_preset("plain", compile_presets)
     assert plain.decode_path == EAGER_DYNAMIC and plain.target_runner is None

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .engine import eos_token_ids
-from .sampling import SamplingParams
+from ..engine import eos_token_ids
+from ..sampling import SamplingParams
 
 OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lookup"
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "hf-generate", "hf-assisted", "hf-lookup"

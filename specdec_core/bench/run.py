@@ -30,9 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-from .bench_methods import METHODS, NEEDS_DRAFT_MODEL, OURS_BASELINE, Run, make_methods, timed_run
-from .bench_questions import DEFAULT_QUESTIONS, Question, load_questions
-from .cli import EXIT_ERROR, inform, load_average, run_guarded  # noqa: F401  (EXIT_ERROR: an exit code)
+from .methods import METHODS, NEEDS_DRAFT_MODEL, OURS_BASELINE, Run, make_methods, timed_run
+from .questions import DEFAULT_QUESTIONS, Question, load_questions
+from ..cli import EXIT_ERROR, inform, run_guarded  # noqa: F401  (EXIT_ERROR: an exit code)
+from .machine import load_average
 
 EXIT_MISMATCH = 1
 DEFAULT_OUT = "bench_out"  # git-ignored
@@ -70,9 +71,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, command: str = "") -> int:
-    from .chat import chat_prompt_ids
-    from .loading import load_preset
-    from .sampling import SamplingParams
+    from ..chat import chat_prompt_ids
+    from ..presets.loading import load_preset
+    from ..sampling import SamplingParams
 
     methods = _methods(args.methods)
     if args.repeats < 1:
@@ -102,8 +103,8 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     }
     runs = measure(questions, prompts, bench_methods, params, args.repeats, args.warmup_tokens, args.seed)
 
-    from .bench_report import plot_acceptance, plot_speedup, summarize, write_json, write_markdown
-    from .bench_theory import probe_all
+    from .report import plot_acceptance, plot_speedup, summarize, write_json, write_markdown
+    from .theory_check import probe_all
 
     inform("probing step costs ...")
     draft = models.draft  # None unless a method needs it (load_draft above)
@@ -247,7 +248,7 @@ def _preset_info(models) -> dict:
 
 
 def _hf_settings(methods: list, params) -> dict:
-    from .bench_methods import HF_ASSISTED, HF_LOOKUP_TOKENS, HFMethod
+    from .methods import HF_ASSISTED, HF_LOOKUP_TOKENS, HFMethod
 
     hf = [m for m in methods if isinstance(m, HFMethod)]
     if not hf:

@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import LoadError
 from .config import ModelSpec
 
 OFFLINE_PRESET = "smollm2-135m-local"
@@ -36,10 +37,6 @@ BUNDLED = {
 UNREACHABLE = "the hub can't be reached"
 GATED = "gated: this account has no access"
 MISSING = "not found on the hub"
-
-
-class LoadError(RuntimeError):
-    """A model could not be loaded. str(error) is one line saying what to do."""
 
 
 @dataclass(frozen=True)

@@ -1,69 +1,14 @@
-"""Drafters propose tokens for the target to verify. A new drafting method is one new class.
-
-The engine drives a drafter through these calls per generation:
-    reset(prompt_ids)                       a new sequence starts
-    lag(context) / catch_up(context)        how many tokens it has yet to read before it can
-                                             propose (a new prompt, rounds it sat out), and
-                                             reading them; timed apart from drafting
-    propose(context, k, params, generator)  -> Draft: up to k tokens + the distributions
-                                             they were drawn from
-    accepted(n)                             the target kept the first n drafted tokens
-    release(context)                        the generation ended with this sequence (None:
-                                             drop whatever the drafter kept from it)
-"""
+"""A small causal LM of the target's family as the drafter."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 
-from .runner import CachedModel, KeptRunner
-from .sampling import SamplingParams, probabilities, sample
+from ..runner import CachedModel, KeptRunner
+from ..sampling import SamplingParams, probabilities, sample
+from .base import Draft, Drafter
 
-
-@dataclass(frozen=True)
-class Draft:
-    tokens: list[int]
-    # [len(tokens), V_target] distributions the tokens were drawn from, or None when the
-    # drafter is deterministic (each q is then one-hot at its token) or decoding is greedy.
-    probs: torch.Tensor | None = None
-
-
-NO_DRAFT = Draft(tokens=[])
 _READ_BY_A_ROUND = 2  # unread context tokens a ModelDrafter's proposal reads in its first step
-
-
-class Drafter:
-    """Base class: a drafter that proposes nothing. Subclasses override `propose`."""
-
-    name = "none"
-
-    def bind(self, target_model, tokenizer) -> None:
-        """Called once by the engine: check that this drafter can serve that target."""
-
-    def reset(self, prompt_ids: list[int]) -> None:
-        """A new sequence starts with these prompt tokens."""
-
-    def lag(self, context: list[int]) -> int:
-        """Tokens of the context this drafter must read (catch up on) before proposing."""
-        return 0
-
-    def catch_up(self, context: list[int]) -> None:
-        """Read those tokens now."""
-
-    def propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator
-    ) -> Draft:
-        return NO_DRAFT
-
-    def accepted(self, n: int) -> None:
-        """The target accepted the first n tokens of the last draft."""
-
-    def release(self, context: list[int] | None) -> None:
-        """The generation is over, ending with `context`. A drafter may keep what it read of it
-        for the next generation; with None it must drop that."""
 
 
 class ModelDrafter(Drafter):
@@ -167,40 +112,6 @@ class ModelDrafter(Drafter):
             return logits[: self._target_vocab]
         padding = logits.new_full((self._target_vocab - size,), float("-inf"))
         return torch.cat([logits, padding])
-
-
-class PromptLookupDrafter(Drafter):
-    """Prompt lookup decoding: find the latest n-gram earlier in the text and copy what followed.
-
-    Tries n-gram sizes from `max_ngram` down to `min_ngram` and takes the most recent earlier
-    occurrence; proposes up to `max_tokens` tokens. Deterministic, so each q is one-hot.
-    """
-
-    name = "prompt_lookup"
-
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_tokens: int = 10) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
-        self.max_ngram, self.min_ngram, self.max_tokens = max_ngram, min_ngram, max_tokens
-
-    def propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator
-    ) -> Draft:
-        return Draft(find_continuation(context, self.max_ngram, self.min_ngram, min(k, self.max_tokens)))
-
-
-def find_continuation(context: list[int], max_ngram: int, min_ngram: int, k: int) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the context's last n-gram."""
-    sequence = np.asarray(context)
-    for n in range(min(max_ngram, len(sequence) - 1), min_ngram - 1, -1):
-        pattern = sequence[-n:]
-        # Windows that start early enough to be followed by at least one token.
-        windows = np.lib.stride_tricks.sliding_window_view(sequence[:-1], n)
-        starts = np.flatnonzero((windows == pattern).all(axis=1))
-        if len(starts):
-            follow = starts[-1] + n
-            return sequence[follow : follow + k].tolist()
-    return []
 
 
 def _model_name(model) -> str:

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from .bench_methods import (
+from .methods import (
     BASELINE_OF,
     HF_GENERATE,
     HF_LOOKUP,
@@ -18,8 +18,8 @@ from .bench_methods import (
     RoundCounts,
     Run,
 )
-from .bench_questions import FAMILY_LABELS, Question
-from .bench_theory import ProbedCosts, theory_check
+from .questions import FAMILY_LABELS, Question
+from .theory_check import ProbedCosts, theory_check
 
 OVERALL = "overall"
 

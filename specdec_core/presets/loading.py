@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .config import AUTO, DRAFTERS, ModelSpec, Preset, PresetFile, load_config
-from .packed_linear import has_packed_layers
+from ..packed_linear import has_packed_layers
 from .sources import (
     GATED,
     LoadError,
@@ -88,7 +88,7 @@ class LoadedModels:
         stop_strings: tuple[str, ...] = (),
     ):
         """A SpeculativeEngine over the target; None arguments take the preset's defaults."""
-        from .engine import SpeculativeEngine
+        from ..engine import SpeculativeEngine
 
         if self.target is None:
             raise LoadError(f"the models of preset {self.preset.name} were unloaded: load it again")
@@ -134,7 +134,7 @@ class LoadedModels:
         return "\n".join(f"{info.line()}  decode: {_decode_path(*runners[info.role])}" for info in self.info)
 
     def _drafter(self, kind: str):
-        from .drafters import ModelDrafter, PromptLookupDrafter
+        from ..drafters import ModelDrafter, PromptLookupDrafter
 
         if kind not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}")
@@ -221,8 +221,8 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
     Compiles and warms up every step shape now (with a progress bar), so the first reply is
     not slow. A failure leaves that model eager: one log line and one note say why.
     """
-    from .policy import MAX_DRAFT_LENGTH
-    from .static_runner import DRAFT_STEP_SIZES, StaticSteps, wants_compile
+    from ..policy import MAX_DRAFT_LENGTH
+    from ..static_runner import DRAFT_STEP_SIZES, StaticSteps, wants_compile
 
     if not wants_compile(setting, target.device):
         return None, None
@@ -250,7 +250,7 @@ def _pack_for_cpu(role: str, model, info: list[ModelInfo]) -> list[str]:
     """Prepack the fp32 linear layers of a CPU model for oneDNN (see packed_linear) and update
     its memory in `info` (a packed copy of a tied output embedding is extra); a note if that
     can't be done here."""
-    from .packed_linear import pack_linear_layers
+    from ..packed_linear import pack_linear_layers
 
     if model.device.type != "cpu":
         return []

@@ -13,11 +13,11 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from .bench_methods import RoundCounts
+from .methods import RoundCounts
 from .cost_model import time_steps
-from .drafters import find_continuation
-from .runner import CachedModel
-from .theory import expected_tokens
+from ..drafters import find_continuation
+from ..runner import CachedModel
+from ..theory import expected_tokens
 
 
 def predicted_speedup(a: float, g: float, c: float, v: float, draft_share: float = 1.0) -> float:

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "models.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "models.yaml"  # the repo top
 AUTO = "auto"  # the reserved preset name that picks a preset for this machine
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")

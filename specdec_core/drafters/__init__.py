@@ -1,0 +1,7 @@
+"""Drafters: one module per drafting method, all behind the interface in base.py."""
+
+from .base import NO_DRAFT, Draft, Drafter
+from .lookup import PromptLookupDrafter, find_continuation
+from .model import ModelDrafter
+
+__all__ = ["Draft", "Drafter", "ModelDrafter", "NO_DRAFT", "PromptLookupDrafter", "find_continuation"]

@@ -1,0 +1,66 @@
+"""The drafter interface: what the engine asks of every drafter, and the Draft it gets back.
+
+Drafters propose tokens for the target to verify. A new drafting method is one new class
+(one module in this folder).
+
+The engine drives a drafter through these calls per generation:
+    reset(prompt_ids)                       a new sequence starts
+    lag(context) / catch_up(context)        how many tokens it has yet to read before it can
+                                             propose (a new prompt, rounds it sat out), and
+                                             reading them; timed apart from drafting
+    propose(context, k, params, generator)  -> Draft: up to k tokens + the distributions
+                                             they were drawn from
+    accepted(n)                             the target kept the first n drafted tokens
+    release(context)                        the generation ended with this sequence (None:
+                                             drop whatever the drafter kept from it)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    # [len(tokens), V_target] distributions the tokens were drawn from, or None when the
+    # drafter is deterministic (each q is then one-hot at its token) or decoding is greedy.
+    probs: torch.Tensor | None = None
+
+
+NO_DRAFT = Draft(tokens=[])
+
+
+class Drafter:
+    """Base class: a drafter that proposes nothing. Subclasses override `propose`."""
+
+    name = "none"
+
+    def bind(self, target_model, tokenizer) -> None:
+        """Called once by the engine: check that this drafter can serve that target."""
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """A new sequence starts with these prompt tokens."""
+
+    def lag(self, context: list[int]) -> int:
+        """Tokens of the context this drafter must read (catch up on) before proposing."""
+        return 0
+
+    def catch_up(self, context: list[int]) -> None:
+        """Read those tokens now."""
+
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator
+    ) -> Draft:
+        return NO_DRAFT
+
+    def accepted(self, n: int) -> None:
+        """The target accepted the first n tokens of the last draft."""
+
+    def release(self, context: list[int] | None) -> None:
+        """The generation is over, ending with `context`. A drafter may keep what it read of it
+        for the next generation; with None it must drop that."""

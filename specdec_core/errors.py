@@ -1,0 +1,6 @@
+"""Errors that reach the user as one line saying what to do (the CLI, the app and the API show
+str(error) and nothing else). Defined at the bottom layer so every layer can raise them."""
+
+
+class LoadError(RuntimeError):
+    """A model (or a drafter's weights) could not be loaded. str(error) is one line saying what to do."""
