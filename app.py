@@ -28,80 +28,19 @@ import app_render as R
 from specdec_core import SamplingParams
 from specdec_core.chat import chat_prompt_ids
 from specdec_core.presets.config import ConfigError, load_presets
-from specdec_core.presets.loading import LoadedModels, LoadError, load_preset, unload
+from specdec_core.errors import DeviceBusy
+from specdec_core.presets.holder import ModelHolder
+from specdec_core.presets.loading import LoadedModels, LoadError, load_preset
 
 log = logging.getLogger("specdec.app")
 
 AUTH_ENV = "SPECDEC_AUTH"
 DEVICE = "device"  # one concurrency group: loading and generating share the device
 UPDATE_INTERVAL_S = 0.05  # stream at most ~20 updates a second so the browser keeps up
-DEVICE_WAIT_S = 120.0  # longest wait for the device before saying it is busy (loads take a while)
 DRAFTERS = [("draft model", "model"), ("prompt lookup", "prompt_lookup")]
 
 OOM_HELP = ("Out of memory: lower 'max new tokens', press Clear to shorten the conversation, "
             "or pick a smaller preset (or one with a 4-bit draft).")
-
-
-class ModelHolder:
-    """The one loaded preset, shared by every session: the device holds one set of models.
-
-    One lock covers loading, swapping and generating. A reply holds it from start to end, so
-    a new reply or a preset change never overlaps the last steps of a cancelled one (gradio
-    frees the queue slot at once but closes the cancelled generator only after its current
-    step). Swapping unloads the old models first, so two presets never sit in memory together.
-    """
-
-    def __init__(self, config_path: str | None = None,
-                 loader: Callable[..., LoadedModels] = load_preset,
-                 unloader: Callable[[LoadedModels], None] = unload) -> None:
-        self._config_path = config_path
-        self._loader = loader
-        self._unloader = unloader
-        # A plain Lock, not an RLock: a reply's steps run on different worker threads.
-        self._lock = threading.Lock()
-        self._models: LoadedModels | None = None
-
-    @property
-    def models(self) -> LoadedModels | None:
-        return self._models
-
-    def get(self, preset: str) -> LoadedModels:
-        """The models of `preset` ("auto": whatever is loaded, else the automatic pick)."""
-        with self.using(preset) as models:
-            return models
-
-    @contextlib.contextmanager
-    def using(self, preset: str) -> Iterator[LoadedModels]:
-        """Hold the device for one reply, with the models of `preset` (loaded if needed)."""
-        with self._device():
-            yield self._load_locked(preset)
-
-    def release(self) -> None:
-        with self._device():
-            self._release_locked()
-
-    @contextlib.contextmanager
-    def _device(self) -> Iterator[None]:
-        # A timeout instead of waiting forever on a reply that was never closed.
-        if not self._lock.acquire(timeout=DEVICE_WAIT_S):
-            raise UserError("The device is still busy with another reply: try again in a moment.")
-        try:
-            yield
-        finally:
-            self._lock.release()
-
-    def _load_locked(self, preset: str) -> LoadedModels:
-        current = self._models
-        if current is not None and preset in ("auto", current.preset.name):
-            return current
-        self._release_locked()
-        self._models = self._loader(preset, self._config_path)
-        return self._models
-
-    def _release_locked(self) -> None:
-        if self._models is not None:
-            models, self._models = self._models, None
-            self._unloader(models)
 
 
 @dataclass
@@ -246,7 +185,7 @@ def checked_prompt(models: LoadedModels, turns: list[dict]) -> list[int]:
 
 def user_message(error: BaseException) -> str:
     """One line for the UI saying what went wrong and what to do; never a traceback."""
-    if isinstance(error, (UserError, LoadError)):
+    if isinstance(error, (UserError, LoadError, DeviceBusy)):
         return str(error)
     if isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(error).lower():
         return OOM_HELP
@@ -357,7 +296,7 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
         progress(0, desc=f"Loading preset {name}…")
         try:
             models = holder.get(name)
-        except (UserError, LoadError, ConfigError) as error:
+        except (UserError, LoadError, DeviceBusy, ConfigError) as error:
             raise gr.Error(str(error)) from None
         except Exception as error:  # noqa: BLE001 - anything else still must not kill the UI
             log.exception("loading preset %s failed", name)
@@ -418,7 +357,7 @@ def _guarded(message: str, history: list, run: Callable[[], Iterator[View]]) -> 
     try:
         yield from run()
     except Exception as error:  # noqa: BLE001 - every failure becomes a message, never a traceback
-        if not isinstance(error, (UserError, LoadError, ValueError)):
+        if not isinstance(error, (UserError, LoadError, DeviceBusy, ValueError)):
             log.exception("generation failed")
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # after an OOM, give the freed caches back before the next try

@@ -4,3 +4,7 @@ str(error) and nothing else). Defined at the bottom layer so every layer can rai
 
 class LoadError(RuntimeError):
     """A model (or a drafter's weights) could not be loaded. str(error) is one line saying what to do."""
+
+
+class DeviceBusy(RuntimeError):
+    """The device stayed busy with another generation for too long; str(error) says to retry."""
