@@ -6,11 +6,30 @@ else reaches into it. Rolling back after rejected drafts is a crop, never a reco
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+
+@functools.cache
+def _cache_keyword_of(model_class: type) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_kwargs(model, cache) -> dict:
+    """The forward keyword argument that passes `cache` to `model`.
+
+    transformers renamed it from `past_key_values` to `cache` (5.24 takes both and warns on the
+    old name; 5.17, on the GPU machines we are lent, knows only the old one and silently drops
+    `cache=` into **kwargs, running every forward without a cache). So ask the model's own
+    forward which name it declares.
+    """
+    return {_cache_keyword_of(type(model)): cache}
 
 
 class GrowingLayer(DynamicLayer):
@@ -98,7 +117,7 @@ class CachedModel:
         input_ids = torch.tensor([token_ids], device=self.device)
         out = self.model(
             input_ids=input_ids,
-            cache=self.cache,
+            **cache_kwargs(self.model, self.cache),
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         )

@@ -37,7 +37,7 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
 from .policy import MAX_DRAFT_LENGTH
-from .runner import CachedModel
+from .runner import CachedModel, cache_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class StaticSteps:
         slot.set_position(torch.tensor(start, device=self.device))
         out = self.model(
             input_ids=torch.tensor([token_ids], device=self.device),
-            cache=slot.cache,
+            **slot.cache_arg,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         )
@@ -237,6 +237,7 @@ class _Slot:
     def __init__(self, model, cache: StaticCache) -> None:
         self.model = model
         self.cache = cache
+        self.cache_arg = cache_kwargs(model, cache)  # looked up here, not inside the compiled step
         self.layers = list(cache.layers)
         self.compiled = None  # the torch.compile'd step, when compiling
         self.owner: weakref.ref | None = None
@@ -253,7 +254,7 @@ class _Slot:
         and under CUDA graphs the cache's length counters are set inside the graph.
         """
         self.set_position(packed[0])
-        out = self.model(input_ids=packed[1:].unsqueeze(0), cache=self.cache, use_cache=True)
+        out = self.model(input_ids=packed[1:].unsqueeze(0), **self.cache_arg, use_cache=True)
         return out.logits
 
 

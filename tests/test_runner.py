@@ -8,13 +8,13 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from specdec_core.runner import CachedModel, GrowingLayer, KeptRunner, growing_cache
+from specdec_core.runner import CachedModel, GrowingLayer, KeptRunner, cache_kwargs, growing_cache
 from tests.tiny_models import tiny_llama, tiny_qwen2
 
 
 def _stock_logits(model, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
     with torch.inference_mode():
-        return model(input_ids=torch.tensor([token_ids]), cache=cache, use_cache=True).logits[0].float()
+        return model(input_ids=torch.tensor([token_ids]), **cache_kwargs(model, cache), use_cache=True).logits[0].float()
 
 
 def test_growing_cache_matches_dynamic_cache_exactly_through_crops_and_growth():
@@ -67,3 +67,17 @@ def test_kept_runner_crops_to_the_prefix_it_shares_with_the_next_sequence():
     kept.drop()
     fresh = kept.start([1, 2, 3, 9, 9])
     assert fresh is not runner and fresh.length == 0
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2])
+def test_the_cache_reaches_the_model_under_this_transformers(build):
+    """A forward through CachedModel fills its cache and gives an uncached forward's logits (a
+    keyword the installed transformers doesn't know would run without the cache: wrong logits)."""
+    model, tokens = build(seed=3), [5, 6, 7, 8, 9]
+    runner = CachedModel(model)
+    runner.forward(tokens[:4])
+    cached = runner.forward(tokens[4:])
+    assert runner.length == 5
+    with torch.inference_mode():
+        full = model(input_ids=torch.tensor([tokens])).logits[0, -1:].float()
+    torch.testing.assert_close(cached, full, rtol=1e-5, atol=1e-5)
