@@ -29,6 +29,7 @@ from specdec_core import SamplingParams
 from specdec_core.chat import chat_prompt_ids
 from specdec_core.presets.config import ConfigError, load_presets
 from specdec_core.errors import DeviceBusy
+from specdec_core.events import LENGTH_CONTEXT
 from specdec_core.presets.holder import ModelHolder
 from specdec_core.presets.loading import LoadedModels, LoadError, load_preset
 
@@ -407,6 +408,8 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
         yield view(R.stats_markdown(stats, mode), R.acceptance_frame(stats), gr.skip())
     if stop.is_set():
         return
+    if stats.get("finish_reason") == LENGTH_CONTEXT:  # say why the reply ends short
+        turn.update(reply_html=markup + R.context_limit_note(engine.context_limit))
 
     identical = (base_ids == token_ids) if params.greedy else None
     speedup_text = R.speedup_markdown(stats, base_stats, identical) if settings.compare else gr.skip()

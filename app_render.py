@@ -92,6 +92,13 @@ def prompt_messages(turns: Sequence[Mapping]) -> list[dict]:
     return messages
 
 
+def context_limit_note(limit: int) -> str:
+    """The note that ends a reply the model's context limit cut short (never part of the reply text)."""
+    return (f'<div class="reply-note" style="font-style:italic;opacity:0.8;margin-top:0.5em">'
+            f"The reply stopped at the model's context limit ({limit} tokens): press Clear to start "
+            f"a new conversation.</div>")
+
+
 def chat_view(turns: Sequence[Mapping], pane: str = "main") -> list[dict]:
     """Chatbot messages for a pane: `main` shows reply_html, `baseline` shows baseline_html."""
     key = "reply_html" if pane == "main" else "baseline_html"
@@ -119,7 +126,9 @@ def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
     """
     if not stats:
         return f"**{mode}** · waiting for a message"
-    state = "done" if done else GENERATING
+    state = GENERATING
+    if done:
+        state = "cut at the context limit" if stats.get("finish_reason") == "length (context)" else "done"
     rows = [("Tokens/s", f"{stats.get('tokens_per_second', 0.0):.1f}")]
     drafted = stats.get("drafted_tokens", 0)
     if mode != "baseline":

@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                           help="compiled static-cache decoding, compiled at load (default: the preset's "
                                "`compile`, auto: on with CUDA, off on CPU)")
-    generate.add_argument("--json", action="store_true", help='print {"text", "token_ids", "sources", "stats"}')
+    generate.add_argument("--json", action="store_true", help='print {"text", "finish_reason", "token_ids", "sources", "stats"}')
     generate.set_defaults(run=run_generate)
     return parser
 
@@ -86,6 +86,7 @@ def run_generate(args: argparse.Namespace) -> int:
         result = engine.generate(prompt_ids, params)
         reply = {
             "text": result.text,
+            "finish_reason": result.stats.finish_reason,
             "token_ids": result.token_ids,
             "sources": result.sources,
             "stats": result.stats.as_dict(),
@@ -102,7 +103,8 @@ def run_generate(args: argparse.Namespace) -> int:
 def _summary(stats) -> str:
     return (
         f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s ({stats.tokens_per_second:.1f} tokens/s), "
-        f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_target_forward:.2f} tokens per target forward"
+        f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_target_forward:.2f} tokens per target forward, "
+        f"finished: {stats.finish_reason}"
     )
 
 

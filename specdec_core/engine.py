@@ -17,7 +17,9 @@ import torch
 from .acceptance import greedy_accept, speculative_accept
 from .detok import IncrementalDetokenizer
 from .drafters import Draft, Drafter
-from .events import BONUS, DRAFT, RESAMPLED, TARGET, GenerationResult, Stats, TokenEvent
+from .events import (
+    BONUS, DRAFT, LENGTH, LENGTH_CONTEXT, RESAMPLED, STOP, TARGET, GenerationResult, Stats, TokenEvent,
+)
 from .policy import DEFAULT_DRAFT_LENGTH, DraftLengthPolicy
 from .runner import CachedModel, KeptRunner
 from .sampling import SamplingParams, make_generator, probabilities
@@ -83,14 +85,16 @@ class SpeculativeEngine:
         consumer that stops iterating (or closes the generator) stops the computation.
         """
         context = self._checked_prompt(prompt_ids)
-        budget = min(params.max_new_tokens, self.context_limit - len(context))
+        room_in_context = self.context_limit - len(context)
+        budget = min(params.max_new_tokens, room_in_context)
         self._generations += 1
         generation = self._generations
         call = _Call(
             params=params,
             context=context,
             target=self._target.start(context),
-            output=_Output(self.tokenizer, self.eos_ids, self.stop_strings, budget),
+            output=_Output(self.tokenizer, self.eos_ids, self.stop_strings, budget,
+                           length_reason=LENGTH if params.max_new_tokens <= room_in_context else LENGTH_CONTEXT),
             generator=make_generator(params.seed, self.target_model.device),
         )
         stats = self.stats = Stats(draft_length=self.policy.k)
@@ -108,6 +112,7 @@ class SpeculativeEngine:
                     stats.wall_s = clock.pause()
                     if stats.ttft_s is None:
                         stats.ttft_s = stats.wall_s
+                    stats.finish_reason = call.output.finish_reason
                     yield event
                     clock.resume()
                     if call.output.done:
@@ -236,13 +241,20 @@ class _Call:
 class _Output:
     """The reply so far: token ids, sources, text, and whether a stop condition was hit."""
 
-    def __init__(self, tokenizer, eos_ids: set[int], stop_strings: tuple[str, ...], budget: int) -> None:
+    def __init__(self, tokenizer, eos_ids: set[int], stop_strings: tuple[str, ...], budget: int,
+                 length_reason: str = LENGTH) -> None:
+        """length_reason: what running out of `budget` means (max_new_tokens, or the context)."""
         self._detok = IncrementalDetokenizer(tokenizer)
         self._eos_ids = eos_ids
         self._stop_strings = stop_strings
         self._budget = budget
+        self._length_reason = length_reason
         self.token_ids: list[int] = []
-        self.done = False
+        self.finish_reason: str | None = None  # set when done
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
 
     @property
     def remaining(self) -> int:
@@ -251,7 +263,10 @@ class _Output:
     def add(self, token_id: int, source: str, round_number: int) -> TokenEvent:
         self.token_ids.append(token_id)
         text = self._detok.push(token_id)
-        self.done = token_id in self._eos_ids or self.remaining <= 0 or self._hit_stop_string(text)
+        if token_id in self._eos_ids or self._hit_stop_string(text):
+            self.finish_reason = STOP
+        elif self.remaining <= 0:
+            self.finish_reason = self._length_reason
         if self.done:
             text += self._detok.flush()  # the pieces must add up to the full decode
         return TokenEvent(token_id=token_id, text=text, source=source, round=round_number)

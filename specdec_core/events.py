@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+# Why a reply ended (Stats.finish_reason; a contract shared with the CLI and the API).
+STOP = "stop"  # an end-of-sequence token or a stop string
+LENGTH = "length"  # max_new_tokens reached
+LENGTH_CONTEXT = "length (context)"  # the model's context limit cut the reply short
+FINISH_REASONS = (STOP, LENGTH, LENGTH_CONTEXT)
+
 # Where a token came from (a contract shared with the UI and the CLI).
 DRAFT = "draft"  # proposed by the drafter and accepted by the target
 RESAMPLED = "resampled"  # the target rejected the draft token here and drew its own
@@ -35,6 +41,9 @@ class Stats:
     wall_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    # One of FINISH_REASONS once the reply has ended; None while it runs, or if its consumer
+    # stopped it early.
+    finish_reason: str | None = None
 
     @property
     def tokens_per_target_forward(self) -> float:

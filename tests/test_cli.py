@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 STATS_NAMES = {
     "new_tokens", "target_forwards", "tokens_per_target_forward", "drafted_tokens", "accepted_tokens",
     "acceptance_rate", "accepted_by_position", "drafted_by_position", "draft_length", "ttft_s", "wall_s",
-    "tokens_per_second", "draft_s", "verify_s",
+    "tokens_per_second", "draft_s", "verify_s", "finish_reason",
 }
 
 
@@ -100,8 +100,9 @@ def test_json_output_from_a_cached_hub_model_offline(tiny_presets):
     """tiny-org/tiny-llama is a hub repo id found only in the (fake) hub cache."""
     reply = generate_json("--config", str(tiny_presets.config), "--preset", "tiny-hub", "--prompt", "Count: 1 2 3 1 2 3",
                           "--max-new-tokens", "12", hub_cache=tiny_presets.hub_cache)
-    assert set(reply) == {"text", "token_ids", "sources", "stats"}
+    assert set(reply) == {"text", "finish_reason", "token_ids", "sources", "stats"}
     assert set(reply["stats"]) == STATS_NAMES
+    assert reply["finish_reason"] == reply["stats"]["finish_reason"] in ("stop", "length")
     assert 0 < len(reply["token_ids"]) == len(reply["sources"]) == reply["stats"]["new_tokens"] <= 12
     assert set(reply["sources"]) <= {"draft", "resampled", "bonus", "target"}
 
