@@ -1,0 +1,131 @@
+"""Training sequences from the data shards: split, draft vocabulary, batches.
+
+A sequence is one prompt + reply with the target's features at positions 0..n-2. Every tenth
+shard (index 9, 19, ...; the last one when there are fewer than ten) is held out for the
+acceptance measurement. Prompts of the next shard that were built on a held-out shard's passages
+are left out of training, so no held-out reply is ever in the training data.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..chat import chat_prompt_ids
+from .data import DataSettings, _passage, features_path, read_shard, shard_path
+from .prompts import derived_prompts
+
+
+@dataclass
+class Sequence:
+    ids: torch.Tensor  # [n] prompt + reply token ids
+    aux: torch.Tensor  # [n-1, 3H] fp16: the residual stream entering the three feature layers
+    final: torch.Tensor  # [n-1, H] fp16: the target's last hidden state (after its final norm)
+    reply_start: int  # index of the first reply token
+    mode: str  # "greedy" | "t0.7" | "t1.0"
+    family: str
+
+    @property
+    def reply_tokens(self) -> int:
+        return len(self.ids) - self.reply_start
+
+
+def held_out_shards(count: int) -> set[int]:
+    return {i for i in range(count) if i % 10 == 9} or {count - 1}
+
+
+def load_sequences(data_dir: Path, settings: DataSettings, tokenizer) -> tuple[list[Sequence], list[Sequence]]:
+    """(training sequences, held-out sequences) from shards 0..settings.shards-1."""
+    held = held_out_shards(settings.shards)
+    train, heldout = [], []
+    for index in range(settings.shards):
+        rows = read_shard(shard_path(data_dir, index))
+        features = torch.load(features_path(data_dir, index), weights_only=True)
+        leaked = _prompts_on(held_rows=read_shard(shard_path(data_dir, index - 1)), index=index, tokenizer=tokenizer,
+                             settings=settings) if index - 1 in held else set()
+        for row, feature in zip(rows, features, strict=True):
+            sequence = Sequence(
+                ids=torch.tensor(row["prompt_ids"] + row["reply_ids"]), aux=feature["aux"], final=feature["final"],
+                reply_start=len(row["prompt_ids"]), mode=row["mode"], family=row["family"],
+            )
+            if sequence.reply_tokens < 3:  # too short to hold a draft chain
+                continue
+            if index in held:
+                heldout.append(sequence)
+            elif tuple(row["prompt_ids"]) not in leaked:
+                train.append(sequence)
+    return train, heldout
+
+
+def _prompts_on(held_rows: list[dict], index: int, tokenizer, settings: DataSettings) -> set[tuple[int, ...]]:
+    """The prompt ids shard `index` built on passages of the previous (held-out) shard."""
+    passages = [
+        (row.get("topic", ""), _passage(tokenizer, row["reply_ids"]))
+        for row in held_rows
+        if row["family"] == "writing" and len(row["reply_ids"]) >= 40
+    ][: settings.per_shard // 3]
+    prompts = derived_prompts(passages, seed=settings.seed * 1_000_003 + index)
+    return {tuple(chat_prompt_ids(tokenizer, [{"role": "user", "content": p.text}])) for p in prompts}
+
+
+def draft_vocabulary(sequences: list[Sequence], size: int, vocab_size: int) -> list[int]:
+    """The `size` target tokens most frequent in the replies (ties by id), sorted by id; tokens
+    never seen fill up from the lowest ids when the replies hold fewer distinct tokens."""
+    counts = Counter()
+    for sequence in sequences:
+        counts.update(sequence.ids[sequence.reply_start :].tolist())
+    size = min(size, vocab_size)
+    chosen = [token for token, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:size]]
+    taken = set(chosen)
+    filler = (token for token in range(vocab_size) if token not in taken)
+    while len(chosen) < size:
+        chosen.append(next(filler))
+    return sorted(chosen)
+
+
+def coverage(sequences: list[Sequence], vocabulary: list[int]) -> float:
+    """The share of reply tokens that are in the draft vocabulary."""
+    inside = torch.zeros(max(vocabulary) + 1, dtype=torch.bool)
+    inside[torch.tensor(vocabulary)] = True
+    total = hits = 0
+    for sequence in sequences:
+        reply = sequence.ids[sequence.reply_start :]
+        total += len(reply)
+        hits += int(inside[reply.clamp(max=len(inside) - 1)].logical_and(reply < len(inside)).sum())
+    return hits / max(total, 1)
+
+
+@dataclass
+class Batch:
+    """Right-padded sequences. For draft step j (1-based) at chain start t, the head reads token
+    ids[:, t + j] and is trained towards the target's distribution at position t + j."""
+
+    ids: torch.Tensor  # [B, m + steps + 1]
+    aux: torch.Tensor  # [B, m, 3H] fp16
+    final: torch.Tensor  # [B, m + steps, H] fp16
+    lengths: torch.Tensor  # [B] sequence lengths n
+    reply_starts: torch.Tensor  # [B]
+
+    @property
+    def width(self) -> int:
+        return self.aux.shape[1]
+
+
+def make_batch(sequences: list[Sequence], steps: int) -> Batch:
+    m = max(len(s.aux) for s in sequences)
+    size, hidden = len(sequences), sequences[0].final.shape[-1]
+    ids = torch.zeros(size, m + steps + 1, dtype=torch.long)
+    aux = torch.zeros(size, m, sequences[0].aux.shape[-1], dtype=torch.float16)
+    final = torch.zeros(size, m + steps, hidden, dtype=torch.float16)
+    for b, s in enumerate(sequences):
+        ids[b, : len(s.ids)] = s.ids
+        aux[b, : len(s.aux)] = s.aux
+        final[b, : len(s.final)] = s.final
+    return Batch(
+        ids=ids, aux=aux, final=final,
+        lengths=torch.tensor([len(s.ids) for s in sequences]),
+        reply_starts=torch.tensor([s.reply_start for s in sequences]),
+    )

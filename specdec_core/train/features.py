@@ -1,0 +1,59 @@
+"""The target's features for the head: the residual stream entering three layers, and the final
+hidden state (after the target's last norm), captured with hooks while the target runs.
+
+Only those four points are captured, not every hidden state. Features are kept in fp16: the
+head reads them at its own precision, and the target's logits over the draft vocabulary are
+recomputed from the final hidden state with the lm_head rows of that vocabulary (cheaper than
+storing logits).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from ..drafters.eagle_head import default_layer_ids  # noqa: F401  (the layers the head reads)
+
+
+def decoder_parts(model):
+    """(the decoder layers, the final norm) of a transformers causal LM."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return base.layers, base.norm
+
+
+@contextmanager
+def capture_features(model, layer_ids: tuple[int, ...]):
+    """While inside, every forward of `model` appends (aux [B, n, 3H], final [B, n, H]) fp16
+    to the yielded list: aux is the residual stream entering each of `layer_ids`."""
+    layers, norm = decoder_parts(model)
+    seen: dict[int, torch.Tensor] = {}
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def entering(index):
+        def hook(_module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            seen[index] = hidden.detach().to(torch.float16)
+
+        return hook
+
+    def finished(_module, _args, output):
+        aux = torch.cat([seen[i] for i in layer_ids], dim=-1)  # ids may repeat in shallow targets
+        calls.append((aux, output.detach().to(torch.float16)))
+
+    handles = [layers[i].register_forward_pre_hook(entering(i), with_kwargs=True) for i in sorted(set(layer_ids))]
+    handles.append(norm.register_forward_hook(finished))
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def sequence_features(model, ids: list[int], layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(aux [n, 3H], final [n, H]) fp16 for one token sequence, from one target forward."""
+    with capture_features(model, layer_ids) as calls:
+        model(input_ids=torch.tensor([ids]), use_cache=False)
+    aux, final = calls[0]
+    return aux[0], final[0]

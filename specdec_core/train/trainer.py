@@ -1,0 +1,266 @@
+"""Train an EAGLE-3 head for a preset's target: data, draft vocabulary, training-time test,
+checkpoints that resume, held-out acceptance, and the head folder in the EAGLE-3 format.
+
+`train(settings)` runs every stage and skips what the work folder already holds: data shards
+on disk are not generated again, and a checkpoint (written every `checkpoint_every` steps and at
+every evaluation) is continued from, so killing the run and starting the same command again
+carries on. The same settings and seed give the same head: the head's initialisation and the
+order of batches come from the seed alone (and torch's CPU kernels are deterministic for a
+given thread count).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..drafters.eagle_head import Eagle3Head, default_layer_ids
+from ..presets.loading import load_preset
+from .data import DataSettings, generate_data
+from .dataset import Sequence, coverage, draft_vocabulary, load_sequences, make_batch
+from .outputs import check_out, write_outputs
+from .ttt import Acceptance, measure_acceptance, ttt_loss
+
+CHECKPOINT = "checkpoint.pt"
+SAVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+EVAL_FRACTIONS = (0.25, 0.5)  # of the first epoch, besides every epoch's end: the learning curve
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    preset: str
+    out: str
+    config: str | None = None  # a models.yaml other than the bundled one
+    work: str | None = None  # data shards and checkpoints; default OUT/train_work
+    seed: int = 0
+    shards: int = 40  # data shards of `per_shard` prompts each
+    per_shard: int = 32
+    gen_batch: int = 32
+    max_new_tokens: int = 192
+    draft_vocab: int = 8192
+    ttt_steps: int = 3  # unrolled draft steps in training
+    epochs: int = 3
+    batch: int = 8  # sequences per optimizer step
+    lr: float = 1e-3
+    checkpoint_every: int = 25
+    k: int = 4  # draft length of the acceptance measurement
+    save_dtype: str = "float16"
+    max_minutes: float | None = None  # stop training (and write the head) after this long
+    threads: int | None = None
+    command: str = ""  # the command line, for the head's README
+
+    # What may change between a run and its resumption without changing the result.
+    RESUMABLE = ("out", "work", "max_minutes", "threads", "command", "checkpoint_every")
+
+    def fingerprint(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
+
+    @property
+    def work_dir(self) -> Path:
+        return Path(self.work) if self.work else Path(self.out) / "train_work"
+
+    @property
+    def data_settings(self) -> DataSettings:
+        return DataSettings(self.shards, self.per_shard, self.gen_batch, self.max_new_tokens, self.seed)
+
+
+@dataclass
+class Progress:
+    """What a checkpoint holds besides the weights."""
+
+    step: int = 0
+    tokens: int = 0  # reply positions trained at draft step 1 so far (with repeats over epochs)
+    seconds: float = 0.0  # training time so far, over all resumptions
+    history: list[dict] = field(default_factory=list)  # held-out acceptance at evaluation points
+    stopped_early: bool = False
+
+
+def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None:
+    """Run (or continue) the whole training; returns the summary written to training.json, or
+    None when `stop_after` steps were reached first (how tests stand in for a killed run)."""
+    out = Path(settings.out)
+    check_out(out)
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    loaded = load_preset(settings.preset, settings.config, load_draft=False)
+    target, tokenizer = loaded.target, loaded.tokenizer
+    target.requires_grad_(False)
+    text_config = target.config.get_text_config()
+    layer_ids = default_layer_ids(text_config.num_hidden_layers)
+
+    started = time.monotonic()
+    work = settings.work_dir
+    data_dir = work / "data"
+    with tqdm(total=settings.shards, desc="data shards", unit="shard") as bar:
+        generate_data(target, tokenizer, data_dir, settings.data_settings, layer_ids,
+                      progress=lambda done, total: bar.update(done - bar.n))
+    data_seconds = time.monotonic() - started
+    train_set, heldout = load_sequences(data_dir, settings.data_settings, tokenizer)
+    if not train_set or not heldout:
+        raise ValueError(f"{settings.shards} data shards leave no training or held-out sequences: use --shards 2 or more")
+    vocabulary = draft_vocabulary(train_set, settings.draft_vocab, text_config.vocab_size)
+
+    head = _new_head(target, text_config, vocabulary, layer_ids, settings.seed)
+    embedding = target.get_input_embeddings()
+    lm_head = target.get_output_embeddings().weight.detach().float()
+    draft_lm_head = lm_head[torch.tensor(vocabulary)]
+    optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    per_epoch = math.ceil(len(train_set) / settings.batch)
+    total_steps = per_epoch * settings.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(total_steps))
+    progress = _resume(work, settings, head, optimizer, scheduler)
+    evaluation = _evaluation_set(heldout)
+    eval_steps = sorted({max(1, round(per_epoch * f)) for f in EVAL_FRACTIONS} | {per_epoch * e for e in range(1, settings.epochs + 1)})
+
+    bar = tqdm(total=total_steps, initial=progress.step, desc="training", unit="step")
+    head.train()
+    resumed_at = time.monotonic() - progress.seconds
+    while progress.step < total_steps:
+        sequences = _batch_sequences(train_set, settings, progress.step, per_epoch)
+        loss, report = ttt_loss(head, embedding, draft_lm_head, make_batch(sequences, settings.ttt_steps), settings.ttt_steps)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        progress.step += 1
+        progress.tokens += report.get(1, (0, 0, 0))[2]
+        progress.seconds = time.monotonic() - resumed_at
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}", agree1=f"{report.get(1, (0, 0))[1]:.3f}")
+        if progress.step in eval_steps:
+            point = _acceptance(head, embedding, lm_head, evaluation, settings).as_dict()
+            progress.history.append({"step": progress.step, "tokens": progress.tokens, "epoch": progress.step / per_epoch, **point})
+            head.train()
+            bar.write(f"step {progress.step}: held-out acceptance {point['by_position']}, mean accepted {point['mean_accepted']}")
+        out_of_time = settings.max_minutes is not None and progress.seconds > settings.max_minutes * 60
+        if out_of_time:
+            progress.stopped_early = True
+        if progress.step % settings.checkpoint_every == 0 or progress.step in eval_steps or out_of_time or progress.step == total_steps:
+            _save_checkpoint(work, settings, head, optimizer, scheduler, progress)
+        if stop_after is not None and progress.step >= stop_after and progress.step < total_steps:
+            bar.close()
+            return None
+        if out_of_time:
+            break
+    bar.close()
+
+    # The numbers are those of the folder as written (fp16 weights), read back as a user would.
+    head.save(out, dtype=SAVE_DTYPES[settings.save_dtype])
+    saved = Eagle3Head.load(out, num_target_layers=text_config.num_hidden_layers).float()
+    final = _acceptance(saved, embedding, lm_head, evaluation, settings)
+    summary = {
+        "preset": settings.preset,
+        "command": settings.command,
+        "settings": settings.fingerprint(),
+        "target_layers": list(layer_ids),
+        "head_parameters": saved.parameter_count,
+        "data": _data_summary(train_set, heldout, evaluation, vocabulary, data_seconds),
+        "training": {"steps": progress.step, "planned_steps": total_steps, "epochs": progress.step / per_epoch,
+                     "tokens": progress.tokens, "seconds": round(progress.seconds, 1),
+                     "stopped_early": progress.stopped_early, "threads": torch.get_num_threads()},
+        "learning_curve": progress.history,
+        "heldout_acceptance": final.as_dict(),
+    }
+    write_outputs(out, summary)
+    return summary
+
+
+def _new_head(target, text_config, vocabulary: list[int], layer_ids, seed: int) -> Eagle3Head:
+    """A random head whose output norm and lm_head start as the target's own (restricted to the
+    draft vocabulary): the head then first has to learn to predict the target's next hidden state."""
+    head = Eagle3Head.random(target.config, draft_vocab_size=len(vocabulary), layer_ids=layer_ids, seed=seed)
+    head.set_draft_vocab(vocabulary)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight[torch.tensor(vocabulary)].float())
+        norm = target.get_decoder().norm if hasattr(target, "get_decoder") else target.model.norm
+        head.norm.weight.copy_(norm.weight.float())
+    return head
+
+
+def _schedule(total_steps: int):
+    """Linear warm-up over 5% of the steps, then cosine down to 10% of the learning rate."""
+    warmup = max(1, total_steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        done = (step - warmup) / max(1, total_steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+
+    return factor
+
+
+def _batch_sequences(train_set: list[Sequence], settings: TrainSettings, step: int, per_epoch: int) -> list[Sequence]:
+    """The sequences of optimizer step `step`: a seeded shuffle per epoch, then groups of 16
+    batches sorted by length (less padding), the batches of each epoch in seeded order."""
+    epoch, index = divmod(step, per_epoch)
+    generator = torch.Generator().manual_seed(settings.seed * 7919 + epoch)
+    order = torch.randperm(len(train_set), generator=generator).tolist()
+    group = settings.batch * 16
+    order = [i for start in range(0, len(order), group) for i in sorted(order[start : start + group], key=lambda i: len(train_set[i].ids))]
+    batches = [order[start : start + settings.batch] for start in range(0, len(order), settings.batch)]
+    batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+    return [train_set[i] for i in batches[index]]
+
+
+def _evaluation_set(heldout: list[Sequence]) -> list[Sequence]:
+    """Greedy held-out replies: on them the target's greedy tokens are the sequence itself."""
+    return [s for s in heldout if s.mode == "greedy"] or heldout
+
+
+def _acceptance(head, embedding, lm_head, sequences: list[Sequence], settings: TrainSettings) -> Acceptance:
+    head.eval()
+    result = Acceptance(settings.k)
+    for start in range(0, len(sequences), settings.batch):
+        batch = make_batch(sequences[start : start + settings.batch], settings.k)
+        measure_acceptance(head, embedding, lm_head, batch, settings.k, result)
+    return result
+
+
+def _data_summary(train_set, heldout, evaluation, vocabulary, data_seconds: float) -> dict:
+    families: dict[str, int] = {}
+    for sequence in train_set:
+        families[sequence.family] = families.get(sequence.family, 0) + 1
+    return {
+        "train_sequences": len(train_set),
+        "train_reply_tokens": sum(s.reply_tokens for s in train_set),
+        "train_tokens": sum(len(s.ids) for s in train_set),
+        "heldout_sequences": len(heldout),
+        "evaluated_sequences": len(evaluation),
+        "modes": sorted({s.mode for s in train_set}),
+        "families": dict(sorted(families.items())),
+        "draft_vocab_size": len(vocabulary),
+        "draft_vocab_coverage_train": round(coverage(train_set, vocabulary), 4),
+        "draft_vocab_coverage_heldout": round(coverage(heldout, vocabulary), 4),
+        "generation_seconds_this_run": round(data_seconds, 1),
+    }
+
+
+def _resume(work: Path, settings: TrainSettings, head, optimizer, scheduler) -> Progress:
+    path = work / CHECKPOINT
+    if not path.exists():
+        return Progress()
+    state = torch.load(path, weights_only=False)
+    if state["settings"] != settings.fingerprint():
+        changed = sorted(k for k in settings.fingerprint() if state["settings"].get(k) != settings.fingerprint()[k])
+        raise ValueError(f"{path} is a run with other settings ({', '.join(changed)}): rerun with them, or give another --work")
+    head.load_state_dict(state["head"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return Progress(**state["progress"])
+
+
+def _save_checkpoint(work: Path, settings: TrainSettings, head, optimizer, scheduler, progress: Progress) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    state = {"settings": settings.fingerprint(), "head": head.state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "progress": asdict(progress)}
+    temporary = work / (CHECKPOINT + ".tmp")
+    torch.save(state, temporary)
+    os.replace(temporary, work / CHECKPOINT)

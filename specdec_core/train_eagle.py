@@ -1,0 +1,9 @@
+"""Entry point: `python -m specdec_core.train_eagle --preset NAME --out DIR` runs the trainer
+wing (specdec_core/train/): train an EAGLE-3 draft head for a preset's target."""
+
+import sys
+
+from .train.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The EAGLE-3 trainer (python -m specdec_core.train_eagle) on a tiny random target, in seconds:
+the output folder's format, resumption, determinism under --seed, and the bad --out error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdec_core.drafters.eagle_head import Eagle3Head
+from specdec_core.train.cli import main
+from specdec_core.train.trainer import CHECKPOINT, TrainSettings, train
+from tests.tiny_models import tiny_llama
+
+PRESETS = """\
+auto_fallback: tiny-train
+presets:
+  tiny-train:
+    description: a tiny random Llama target to train a head for
+    target: ./target
+    drafter: prompt_lookup
+    memory_gb: 0.1
+"""
+# Small enough to run in seconds: 2 shards of 4 prompts, 10-token replies, a 64-token draft vocabulary.
+QUICK = dict(shards=2, per_shard=4, gen_batch=4, max_new_tokens=10, draft_vocab=64, epochs=2, batch=2,
+             ttt_steps=2, checkpoint_every=1)
+QUICK_ARGS = ["--shards", "2", "--per-shard", "4", "--gen-batch", "4", "--max-new-tokens", "10", "--draft-vocab", "64",
+              "--epochs", "2", "--batch", "2", "--ttt-steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory, smol_tokenizer) -> Path:
+    folder = tmp_path_factory.mktemp("train-presets")
+    target = tiny_llama(seed=5, init=0.2)
+    target.save_pretrained(folder / "target")
+    smol_tokenizer.save_pretrained(folder / "target")
+    (folder / "models.yaml").write_text(PRESETS)
+    return folder / "models.yaml"
+
+
+@pytest.fixture(scope="module")
+def data_work(tmp_path_factory, tiny_config) -> Path:
+    """One run's work folder, its data shards reused by the other runs (same data settings)."""
+    out = tmp_path_factory.mktemp("first") / "head"
+    train(TrainSettings("tiny-train", str(out), config=str(tiny_config), **QUICK))
+    return out
+
+
+def _settings(tiny_config, out: Path, data_work: Path, **changes) -> TrainSettings:
+    work = out.parent / "work"
+    if not (work / "data").exists():  # reuse the generated data: only the training is under test here
+        (work).mkdir(parents=True, exist_ok=True)
+        (work / "data").symlink_to(data_work / "train_work" / "data")
+    return TrainSettings("tiny-train", str(out), config=str(tiny_config), work=str(work), **{**QUICK, **changes})
+
+
+def test_the_output_folder_is_an_eagle3_head(data_work, tiny_config):
+    config = json.loads((data_work / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                "rope_theta", "vocab_size", "draft_vocab_size", "max_position_embeddings"):
+        assert key in config, key
+    assert config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == 64 and config["vocab_size"] == 49152
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 1, 0]  # 2, L//2, L-3 for L = 2, clamped into the model
+    tensors = load_file(str(data_work / "model.safetensors"))
+    H, inter = 64, 128
+    expected = {
+        "fc.weight": (H, 3 * H),
+        "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
+        "midlayer.self_attn.q_proj.weight": (64, 2 * H), "midlayer.self_attn.k_proj.weight": (32, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (32, 2 * H), "midlayer.self_attn.o_proj.weight": (H, 64),
+        "midlayer.post_attention_layernorm.weight": (H,),
+        "midlayer.mlp.gate_proj.weight": (inter, H), "midlayer.mlp.up_proj.weight": (inter, H),
+        "midlayer.mlp.down_proj.weight": (H, inter),
+        "norm.weight": (H,), "lm_head.weight": (64, H), "d2t": (64,), "t2d": (49152,),
+    }
+    assert {name: tuple(t.shape) for name, t in tensors.items()} == expected
+    assert not any("embed_tokens" in name for name in tensors)
+    assert tensors["fc.weight"].dtype == torch.float16 and tensors["t2d"].dtype == torch.bool
+    assert int(tensors["t2d"].sum()) == 64
+    ids = torch.arange(64) + tensors["d2t"]  # draft id -> target id
+    assert torch.equal(tensors["t2d"].nonzero().flatten(), ids)
+    head = Eagle3Head.load(data_work)  # the head module reads it
+    assert head.draft_vocab_size == 64
+    summary = json.loads((data_work / "training.json").read_text())
+    acceptance = summary["heldout_acceptance"]
+    assert len(acceptance["by_position"]) == 4 and acceptance["chains"] > 0
+    assert all(a >= b for a, b in zip(acceptance["by_position"], acceptance["by_position"][1:]))
+    assert len(summary["learning_curve"]) >= 3
+    assert "Held-out acceptance" in (data_work / "README.md").read_text()
+
+
+def test_a_killed_run_resumes_where_it_stopped_and_ends_as_an_uninterrupted_one(tmp_path, tiny_config, data_work):
+    whole = train(_settings(tiny_config, tmp_path / "a" / "head", data_work))
+    settings = _settings(tiny_config, tmp_path / "b" / "head", data_work)
+    assert train(settings, stop_after=2) is None  # "killed" after 2 steps
+    assert torch.load(Path(settings.work) / CHECKPOINT, weights_only=False)["progress"]["step"] == 2
+    resumed = train(settings)
+    assert resumed["training"]["steps"] == whole["training"]["steps"] > 2
+    a = load_file(str(tmp_path / "a" / "head" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "head" / "model.safetensors"))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert resumed["heldout_acceptance"] == whole["heldout_acceptance"]
+
+
+def test_the_same_seed_gives_the_same_head_and_another_seed_another(tmp_path, tiny_config, data_work):
+    first = load_file(str(data_work / "model.safetensors"))
+    train(_settings(tiny_config, tmp_path / "same" / "head", data_work))
+    same = load_file(str(tmp_path / "same" / "head" / "model.safetensors"))
+    assert all(torch.equal(first[name], same[name]) for name in first)
+    train(_settings(tiny_config, tmp_path / "other" / "head", data_work, seed=1))
+    other = load_file(str(tmp_path / "other" / "head" / "model.safetensors"))
+    assert not torch.equal(first["fc.weight"], other["fc.weight"])
+
+
+def test_resuming_with_other_settings_says_so(tmp_path, tiny_config, data_work):
+    settings = _settings(tiny_config, tmp_path / "c" / "head", data_work)
+    train(settings, stop_after=1)
+    with pytest.raises(ValueError, match="other settings \\(lr\\)"):
+        train(_settings(tiny_config, tmp_path / "c" / "head", data_work, lr=0.5))
+
+
+def test_an_out_folder_holding_something_else_is_refused_in_one_line(tmp_path, tiny_config, capsys):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["--preset", "tiny-train", "--config", str(tiny_config), "--out", str(out), *QUICK_ARGS]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: --out") and "notes.txt" in error and len(error.splitlines()) == 1
+    assert (out / "notes.txt").read_text() == "mine"
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    assert main(["--preset", "tiny-train", "--config", str(tiny_config), "--out", str(file), *QUICK_ARGS]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_the_entry_point_runs_as_a_module(tmp_path, tiny_config, data_work):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data").symlink_to(data_work / "train_work" / "data")
+    out = tmp_path / "head"
+    done = subprocess.run(
+        [sys.executable, "-m", "specdec_core.train_eagle", "--preset", "tiny-train", "--config", str(tiny_config),
+         "--out", str(out), "--work", str(work), *QUICK_ARGS, "--threads", "1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "held-out acceptance by position" in done.stderr
+    assert (out / "model.safetensors").exists() and (out / "README.md").exists()
+
+
+def test_the_training_time_test_computes_what_drafting_step_by_step_computes():
+    """Every chain's step j in the unrolled training forward equals drafting it one token at a
+    time with the head's KV cache: real entries up to t, then the head's own outputs."""
+    from transformers import DynamicCache
+
+    from specdec_core.train.dataset import Batch
+    from specdec_core.train.ttt import unrolled_outputs
+
+    target = tiny_llama(seed=1, vocab=300)
+    head = Eagle3Head.random(target.config, draft_vocab_size=50, layer_ids=(1, 1, 0), seed=3).float()
+    generator = torch.Generator().manual_seed(0)
+    n, steps = 12, 3
+    ids = torch.randint(0, 300, (1, n + steps + 1), generator=generator)
+    batch = Batch(ids=ids, aux=torch.randn(1, n, 3 * 64, generator=generator).half(),
+                  final=torch.zeros(1, n + steps, 64, dtype=torch.float16),
+                  lengths=torch.tensor([n + 1]), reply_starts=torch.tensor([1]))
+    embed = target.get_input_embeddings()
+    with torch.no_grad():
+        outputs = unrolled_outputs(head, embed, batch, steps)
+        for t in (0, 4, n - 1):
+            cache = DynamicCache()
+            hidden = head(embed(ids[:, 1 : t + 2]), head.project(batch.aux[:, : t + 1]), cache=cache)[:, -1:]
+            torch.testing.assert_close(hidden[0, 0], outputs[0][0, t], rtol=1e-5, atol=1e-5)
+            for step in range(2, steps + 1):
+                hidden = head(embed(ids[:, t + step : t + step + 1]), hidden, cache=cache)
+                torch.testing.assert_close(hidden[0, 0], outputs[step - 1][0, t], rtol=1e-5, atol=1e-5)
