@@ -32,6 +32,7 @@ from specdec_core.errors import DeviceBusy
 from specdec_core.events import LENGTH_CONTEXT
 from specdec_core.presets.holder import ModelHolder
 from specdec_core.presets.loading import LoadedModels, LoadError, load_preset
+from specdec_core.serve import API_KEY_ENV, ApiAccess, access_for, api_routes
 
 log = logging.getLogger("specdec.app")
 
@@ -377,7 +378,7 @@ def _chat(holder: ModelHolder, message: str, history: list, settings: Settings,
     with holder.using(settings.preset) as models:
         if stop.is_set():  # stopped while the models loaded
             return
-        yield from _reply(models, turns, settings, stop)
+        yield from holder.steps(_reply(models, turns, settings, stop))  # each step on the device thread
 
 
 def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: threading.Event) -> Iterator[View]:
@@ -428,7 +429,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--share", action="store_true", help="also make a public gradio.live link")
     parser.add_argument("--auth", default=os.environ.get(AUTH_ENV),
                         help=f"USER:PASSWORD login in front of the app (or set {AUTH_ENV})")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="starting value of the slider")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help="key the OpenAI-compatible API at /v1 requires as 'Authorization: Bearer KEY' "
+                             f"(or set {API_KEY_ENV}); without one the API is open on 127.0.0.1 and off "
+                             "when the server is reachable from elsewhere (--share, another --host)")
+    parser.add_argument("--max-new-tokens", type=int, default=256,
+                        help="starting value of the slider, and the API's default max_tokens")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compiled static-cache decoding, compiled while the models load (default: "
                              "the preset's `compile`; auto = on with CUDA, off on CPU)")
@@ -440,8 +446,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def launch(demo: gr.Blocks, args: argparse.Namespace) -> None:
-    """Serve until interrupted. A failed share link is one line; the app keeps serving locally."""
+def launch(demo: gr.Blocks, args: argparse.Namespace, api: list | None = None,
+           access: ApiAccess | None = None) -> None:
+    """Serve until interrupted, with the API's routes on the same server. A failed share link
+    is one line; the app keeps serving locally."""
     auth = tuple(args.auth.split(":", 1)) if args.auth else None
     if args.share and not auth:
         print("Warning: --share makes a public link anyone can open; add --auth USER:PASSWORD "
@@ -449,12 +457,14 @@ def launch(demo: gr.Blocks, args: argparse.Namespace) -> None:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # gradio explains a failed share link in ten lines
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth,
-                    prevent_thread_lock=True)
+                    prevent_thread_lock=True, app_kwargs={"routes": list(api or [])})
     launch_text = printed.getvalue()
     if args.share and not demo.share_url:
         launch_text = launch_text.split("\nCould not create share link")[0].rstrip() + "\n"
         launch_text += (f"Could not create a share link (no network or tunnel blocked); "
                         f"still serving locally at {demo.local_url}\n")
+    if access is not None:
+        launch_text += access.launch_line(demo.local_url) + "\n"
     print(launch_text, end="", flush=True)
     demo.block_thread()
 
@@ -464,10 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         holder = ModelHolder(args.config, loader=functools.partial(load_preset, compile=args.compile))
         demo = build_ui(args.preset, args.config, args.max_new_tokens, holder=holder)
+        access = access_for(args.host, args.share, args.api_key)
+        api = api_routes(holder, load_presets(args.config), access, args.max_new_tokens)
     except (ValueError, FileNotFoundError) as error:  # ConfigError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2
-    launch(demo, args)
+    launch(demo, args, api, access)
     return 0
 
 

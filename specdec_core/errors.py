@@ -8,3 +8,7 @@ class LoadError(RuntimeError):
 
 class DeviceBusy(RuntimeError):
     """The device stayed busy with another generation for too long; str(error) says to retry."""
+
+
+class QueueFull(DeviceBusy):
+    """Too many generations already wait for the device; str(error) says to retry later."""

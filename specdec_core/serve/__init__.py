@@ -1,0 +1,9 @@
+"""The OpenAI-compatible API: HTTP requests -> engine calls on the shared models -> responses.
+
+`api_routes(...)` gives the routes the app mounts on its own server (GET /v1/models, POST
+/v1/chat/completions). Gradio-free: starlette only (which gradio's FastAPI server runs on).
+"""
+
+from .routes import API_KEY_ENV, ApiAccess, access_for, api_routes
+
+__all__ = ["API_KEY_ENV", "ApiAccess", "access_for", "api_routes"]

