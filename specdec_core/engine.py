@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import torch
 from .acceptance import greedy_accept, speculative_accept
 from .detok import IncrementalDetokenizer
 from .drafters import Draft, Drafter
+from .features import FeatureTap
 from .events import (
     BONUS, DRAFT, LENGTH, LENGTH_CONTEXT, RESAMPLED, STOP, TARGET, GenerationResult, Stats, TokenEvent,
 )
@@ -54,6 +56,10 @@ class SpeculativeEngine:
         self.tokenizer = tokenizer
         self.drafter = drafter if drafter is not None else Drafter()
         self.drafter.bind(self.target_model, tokenizer)
+        self.drafter.use_costs(self.policy.costs)
+        # The target layers the drafter reads (none for most): captured during our own forwards.
+        self._tap = FeatureTap(self.target_model, self.drafter.feature_layers)
+        weakref.finalize(self, self._tap.close)
         self.draft_length = draft_length
         self.adaptive = adaptive
         self.stop_strings = tuple(stop_strings)
@@ -89,10 +95,11 @@ class SpeculativeEngine:
         budget = min(params.max_new_tokens, room_in_context)
         self._generations += 1
         generation = self._generations
+        self.drafter.reset(context)  # first: it may need the target's features from further back
         call = _Call(
             params=params,
             context=context,
-            target=self._target.start(context),
+            target=self._target.start(context, at_most=self.drafter.features_from()),
             output=_Output(self.tokenizer, self.eos_ids, self.stop_strings, budget,
                            length_reason=LENGTH if params.max_new_tokens <= room_in_context else LENGTH_CONTEXT),
             generator=make_generator(params.seed, self.target_model.device),
@@ -101,7 +108,6 @@ class SpeculativeEngine:
         clock = _EngineClock()
         try:
             self._prefill(call)
-            self.drafter.reset(context)
             round_number = 0
             while True:
                 round_number += 1
@@ -151,6 +157,7 @@ class SpeculativeEngine:
         n, token = self._accept(logits, draft, call.params, call.generator)
         verified = time.perf_counter()
         call.target.crop(len(context) + n)  # roll back: forget the rejected drafts
+        self._observe(len(context) - 1, n + 1)  # the target features that stand, to a drafter that reads them
         if k == 0 and policy.drafting_is_free():  # keep learning from the drafter at no cost
             unverified = self.drafter.propose(context, 1, call.params, call.generator).tokens
             if unverified:
@@ -187,14 +194,25 @@ class SpeculativeEngine:
         unread = call.context[call.target.length : -1]
         if unread:
             started = time.perf_counter()
-            call.target.forward(unread, last_only=True)
+            position = call.target.length
+            with self._tap:
+                call.target.forward(unread, last_only=True)
+            self._observe(position, len(unread))
             self.stats.target_forwards += 1
             self.stats.verify_s += time.perf_counter() - started
 
     def _verify(self, target: CachedModel, last_token: int, draft_tokens: list[int]) -> torch.Tensor:
         """One target forward over [last, d1..dk] -> [k+1, V] logits."""
         self.stats.target_forwards += 1
-        return target.forward([last_token, *draft_tokens])
+        with self._tap:
+            return target.forward([last_token, *draft_tokens])
+
+    def _observe(self, position: int, rows: int) -> None:
+        """Hand the drafter the first `rows` of the features the last target forward captured
+        (sequence positions from `position`), if it reads any."""
+        features = self._tap.take()
+        if features is not None:
+            self.drafter.observe(features[:rows], position)
 
     @staticmethod
     def _accept(

@@ -218,3 +218,45 @@ class DraftLengthPolicy:
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
+
+
+# ---------------------------------------------------------------- choosing among drafters
+
+
+@dataclass
+class DraftSource:
+    """One drafter a hybrid can ask this round: its measured acceptance and drafting cost."""
+
+    name: str
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    draft_s_per_token: float | None = None
+
+    def record(self, drafted: int, accepted: int, seconds: float) -> None:
+        """Learn from a verified proposal of this source."""
+        if drafted:
+            self.acceptance.add(accepted, tried=accepted + (accepted < drafted))
+            self.draft_s_per_token = _average(self.draft_s_per_token, seconds / drafted)
+
+
+_UNMEASURED_ACCEPTANCE = 0.5  # what a source that never drafted is assumed to reach
+
+
+def tokens_per_second(source: DraftSource, k: int, costs: StepCosts) -> float | None:
+    """Expected new tokens per second of a round that drafts k tokens from `source` (None until
+    the target's steps are measured)."""
+    verify = costs.target(k + 1)
+    if verify is None or k <= 0:
+        return None
+    acceptance = source.acceptance.estimate
+    acceptance = _UNMEASURED_ACCEPTANCE if acceptance is None else acceptance
+    round_s = verify + k * (source.draft_s_per_token or 0.0)
+    return expected_tokens(acceptance, k) / round_s if round_s > 0 else None
+
+
+def best_source(offers: list[tuple[DraftSource, int]], costs: StepCosts) -> int:
+    """Index of the offer (source, tokens it proposes) with the most expected tokens per second;
+    before the target is measured, the first offer with tokens."""
+    rates = [tokens_per_second(source, k, costs) if k else None for source, k in offers]
+    if all(rate is None for rate in rates):
+        return next((i for i, (_, k) in enumerate(offers) if k), 0)
+    return max(range(len(offers)), key=lambda i: -1.0 if rates[i] is None else rates[i])

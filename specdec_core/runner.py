@@ -145,12 +145,15 @@ class KeptRunner:
         self._runner: CachedModel | None = None
         self._held: list[int] = []  # exactly the tokens the runner's cache holds
 
-    def start(self, sequence: list[int]) -> CachedModel:
+    def start(self, sequence: list[int], at_most: int | None = None) -> CachedModel:
         """The runner, its cache cropped to the longest prefix it shares with sequence[:-1]
-        (the last token is always left to read: it yields the next token's distribution)."""
+        (the last token is always left to read: it yields the next token's distribution), and
+        to at most `at_most` tokens (a drafter needs the target's features from there on)."""
         if self._runner is None:
             self._runner, self._held = self._make_runner(self._model), []
         shared = _shared_prefix_length(self._held, sequence[:-1])
+        if at_most is not None:
+            shared = min(shared, at_most)
         self._runner.crop(shared)
         self._held = self._held[:shared]
         return self._runner

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core import EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
 from specdec_core.bench.methods import trace_forwards
 from specdec_core.policy import MAX_DRAFT_LENGTH
-from tests.tiny_models import perturbed_copy, tiny_llama, tiny_qwen2
+from tests.tiny_models import perturbed_copy, random_eagle_head, tiny_llama, tiny_qwen2
 
 PROMPT = "Once upon a time, in a land far away, there lived"
 
@@ -282,3 +282,70 @@ def test_a_reply_stopped_by_the_consumer_is_kept_and_a_failed_one_is_forgotten(t
     with tokens_read(target) as reads:
         engine.generate(follow_up, greedy(2))
     assert reads[0] == len(follow_up) - 1  # a failed reply may have left a forward halfway: read afresh
+
+
+@contextmanager
+def head_pairs_read(drafter):
+    """Positions the EAGLE head's layer reads in the block (pairs and draft steps)."""
+    counts: list[int] = []
+    handle = drafter.head.midlayer.register_forward_hook(lambda module, args, out: counts.append(out.shape[1]))
+    try:
+        yield counts
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["eagle", "hybrid"])
+def test_an_eagle_heads_next_turn_reads_only_its_new_tokens(target, smol_tokenizer, hybrid):
+    """The head keeps its cache and the features it got, as the target keeps its cache: a chat's
+    next turn costs neither of them the earlier turns, and no extra target forward."""
+    eagle = EagleDrafter(random_eagle_head(target, seed=2))
+    drafter = HybridDrafter(eagle) if hybrid else eagle
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter, draft_length=3, adaptive=False)
+    first_prompt = list(range(300, 400))
+    first = engine.generate(first_prompt, greedy(12)).token_ids
+    second_prompt = first_prompt + first + list(range(600, 620))
+    with tokens_read(target) as target_reads, head_pairs_read(eagle) as head_reads:
+        stream = engine.stream(second_prompt, greedy(12))
+        next(stream)
+    assert target_reads[0] == 20  # the prefill: only the new message (as with any drafter)
+    assert sum(head_reads) < 40  # the new pairs and the draft steps; a fresh head reads all 131
+    stream.close()
+    fresh = SpeculativeEngine(target, smol_tokenizer, drafter=EagleDrafter(eagle.head), draft_length=3, adaptive=False)
+    assert engine.generate(second_prompt, greedy(12)).token_ids == fresh.generate(second_prompt, greedy(12)).token_ids
+    # Retry (the same prompt again): nothing is read again by the target, the head reads at most a round.
+    with tokens_read(target) as target_reads:
+        engine.generate(second_prompt, greedy(12))
+    assert target_reads[0] <= 1 + 3
+
+
+def test_an_eagle_head_that_kept_less_than_the_target_gets_the_features_it_lacks(target, smol_tokenizer):
+    """A different conversation that shares only a prefix: the head's kept pairs past it are
+    dropped, and the target's prefill starts where the head needs features (one token earlier
+    than its own cache would), so the reply is the same as from scratch."""
+    eagle = EagleDrafter(random_eagle_head(target, seed=2))
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=eagle, draft_length=3, adaptive=False)
+    engine.generate(list(range(300, 400)), greedy(8))
+    other = list(range(300, 350)) + list(range(700, 730))
+    with tokens_read(target) as target_reads:
+        result = engine.generate(other, greedy(12)).token_ids
+    assert target_reads[0] == len(other) - 1 - 48  # pairs 0..47 stand: features from 48 on
+    fresh = SpeculativeEngine(target, smol_tokenizer, drafter=EagleDrafter(eagle.head), draft_length=3, adaptive=False)
+    assert result == fresh.generate(other, greedy(12)).token_ids
+    assert eagle.features_from() >= len(other) - 1
+
+
+def test_an_eagle_head_for_another_target_is_refused_in_one_line(target, smol_tokenizer):
+    from specdec_core.errors import LoadError
+
+    other_vocab = tiny_llama(seed=1, vocab=1000)
+    with pytest.raises(LoadError, match="vocabulary") as raised:
+        SpeculativeEngine(target, smol_tokenizer, drafter=EagleDrafter(random_eagle_head(other_vocab)))
+    assert "\n" not in str(raised.value)
+    from transformers import LlamaConfig
+    from specdec_core.drafters import Eagle3Head
+
+    narrow = Eagle3Head.random(LlamaConfig(vocab_size=target.config.vocab_size, hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(LoadError, match="hidden size"):
+        SpeculativeEngine(target, smol_tokenizer, drafter=EagleDrafter(narrow))

@@ -5,8 +5,15 @@ import itertools
 import pytest
 import torch
 
-from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
-from tests.tiny_models import perturbed_copy, tiny_llama, tiny_qwen2
+from specdec_core import (
+    EagleDrafter,
+    HybridDrafter,
+    ModelDrafter,
+    PromptLookupDrafter,
+    SamplingParams,
+    SpeculativeEngine,
+)
+from tests.tiny_models import fitted_eagle_head, perturbed_copy, random_eagle_head, tiny_llama, tiny_qwen2
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown",
@@ -24,6 +31,7 @@ def family(request):
         "target": target,
         "often": perturbed_copy(target, noise=0.05, seed=1),  # agrees most of the time
         "rarely": build(seed=2),  # an unrelated model: agrees by chance only
+        "head": random_eagle_head(target, seed=3),  # a random EAGLE-3 head: agrees by chance only
     }
 
 
@@ -42,7 +50,13 @@ def references(family, smol_tokenizer):
 
 
 def make_drafter(kind, family):
-    return PromptLookupDrafter() if kind == "lookup" else ModelDrafter(family[kind])
+    if kind == "lookup":
+        return PromptLookupDrafter()
+    if kind == "eagle":
+        return EagleDrafter(family["head"])
+    if kind == "hybrid":
+        return HybridDrafter(EagleDrafter(family["head"]))
+    return ModelDrafter(family[kind])
 
 
 def test_baseline_equals_hf_generate(family, references, smol_tokenizer):
@@ -53,10 +67,10 @@ def test_baseline_equals_hf_generate(family, references, smol_tokenizer):
         assert set(result.sources) == {"target"}
 
 
-# 3 drafters x 4 draft lengths x adaptive on/off x 3 prompts x 2 families = 144 combinations.
+# 5 drafters x 4 draft lengths x adaptive on/off x 3 prompts x 2 families = 240 combinations.
 @pytest.mark.parametrize(
     "drafter_kind, k, adaptive",
-    list(itertools.product(["lookup", "often", "rarely"], [1, 3, 5, 8], [True, False])),
+    list(itertools.product(["lookup", "often", "rarely", "eagle", "hybrid"], [1, 3, 5, 8], [True, False])),
 )
 def test_speculative_equals_hf_generate(family, references, smol_tokenizer, drafter_kind, k, adaptive):
     engine = SpeculativeEngine(
@@ -80,3 +94,20 @@ def test_drafts_are_really_used(family, references, smol_tokenizer):
         rates[kind] = stats.acceptance_rate
         assert stats.drafted_tokens > 0
     assert rates["often"] > 0.5 > rates["rarely"]
+
+
+def test_an_eagle_head_that_fits_the_target_is_accepted(family, references, smol_tokenizer):
+    """A head taught the target's next tokens on these sequences (draft vocabulary: their tokens)
+    is accepted at the first draft position: the features, their positions and d2t line up. The
+    output stays the target's, with a head kept across replies and in the hybrid too."""
+    sequences = [ids + expected for ids, expected in references.values()]
+    head = fitted_eagle_head(family["target"], sequences)
+    for drafter in (EagleDrafter(head), HybridDrafter(EagleDrafter(head))):
+        engine = SpeculativeEngine(family["target"], smol_tokenizer, drafter=drafter, draft_length=2, adaptive=False)
+        for ids, expected in references.values():
+            result = engine.generate(ids, SamplingParams(max_new_tokens=NEW_TOKENS))
+            assert result.token_ids == expected
+            stats = result.stats
+            first_position = stats.accepted_by_position[0] / stats.drafted_by_position[0]
+            assert first_position > 0.6, (drafter.name, stats.accepted_by_position, stats.drafted_by_position)
+            assert "draft" in result.sources

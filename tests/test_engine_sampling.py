@@ -11,7 +11,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core import EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core.drafters import Eagle3Head
 from specdec_core.sampling import probabilities
 from tests.tiny_models import tiny_llama
 
@@ -99,6 +100,41 @@ def test_prompt_lookup_samples_the_target_distribution(pair, smol_tokenizer):
     target, _ = pair
     params = SamplingParams(temperature=1.0)
     engine = SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter(), draft_length=2, adaptive=False)
+    exact = exact_two_token_distribution(target, engine.eos_ids, params)
+    counts = empirical(engine, params)
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "draft_vocab, params",
+    [
+        ([0, 1, 2, 3, 4, 5, 6, 7], SamplingParams(temperature=1.0)),
+        # a reduced, shuffled draft vocabulary: q is zero on the tokens it lacks (d2t maps the rest)
+        ([6, 3, 7, 0, 4], SamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
+    ],
+    ids=["full-vocab-t1", "5-of-8-t0.7-topk5-topp0.9"],
+)
+def test_eagle_head_samples_the_target_distribution(pair, smol_tokenizer, draft_vocab, params):
+    target, _ = pair
+    head = Eagle3Head.random(target.config, draft_vocab_size=len(draft_vocab), seed=5)  # init 0.6: peaked
+    head.set_draft_vocab(draft_vocab)
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=EagleDrafter(head), draft_length=2, adaptive=False)
+    exact = exact_two_token_distribution(target, engine.eos_ids, params)
+    counts = empirical(engine, params)
+    assert chi_square_p_value(counts, exact) > 1e-3
+    drafted = accepted = 0
+    for seed in range(100):
+        stats = engine.generate(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=2, seed=seed)).stats
+        drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
+    assert 0 < accepted < drafted  # the head drafts, and it is not the target
+
+
+def test_hybrid_samples_the_target_distribution(pair, smol_tokenizer):
+    target, _ = pair
+    params = SamplingParams(temperature=1.0)
+    head = Eagle3Head.random(target.config, draft_vocab_size=VOCAB, seed=6)
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=HybridDrafter(EagleDrafter(head)), draft_length=2,
+                               adaptive=False)
     exact = exact_two_token_distribution(target, engine.eos_ids, params)
     counts = empirical(engine, params)
     assert chi_square_p_value(counts, exact) > 1e-3

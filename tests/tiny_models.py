@@ -65,3 +65,45 @@ def perturbed_copy(model, noise: float, seed: int):
         for parameter in copy.parameters():
             parameter.add_(torch.randn(parameter.shape, generator=generator) * noise * parameter.std())
     return copy
+
+
+def random_eagle_head(target, draft_vocab: int = 4096, seed: int = 0):
+    """A randomly initialised EAGLE-3 head for `target` (its first `draft_vocab` token ids)."""
+    from specdec_core.drafters import Eagle3Head
+
+    return Eagle3Head.random(target.config, draft_vocab_size=min(draft_vocab, target.config.vocab_size), seed=seed)
+
+
+def fitted_eagle_head(target, sequences: list[list[int]], steps: int = 30, seed: int = 0):
+    """An EAGLE-3 head taught (first draft step only) to predict `target`'s greedy next tokens on
+    `sequences`; its draft vocabulary is exactly their tokens. Tests use it to see acceptance,
+    which proves the features, positions and d2t mapping line up end to end."""
+    from specdec_core.drafters import Eagle3Head
+    from specdec_core.features import FeatureTap
+
+    vocab = sorted({t for s in sequences for t in s})
+    head = Eagle3Head.random(target.config, draft_vocab_size=len(vocab), seed=seed)
+    head.set_draft_vocab(vocab)
+    index = {t: i for i, t in enumerate(vocab)}
+    tap = FeatureTap(target, head.layer_ids)
+    examples = []
+    with torch.no_grad():
+        for seq in sequences:
+            with tap:
+                logits = target(torch.tensor([seq])).logits[0]
+            features = tap.take()
+            nexts = logits.argmax(-1).tolist()  # nexts[j]: the target's token after position j
+            # pair j (features j, token j+1) predicts the target's token after position j+1
+            labels = [index.get(nexts[j + 1], -100) for j in range(len(seq) - 1)]
+            embeds = target.get_input_embeddings()(torch.tensor([seq[1:]]))
+            examples.append((features[:-1], embeds, torch.tensor(labels)))
+    tap.close()
+    optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
+    for _ in range(steps):
+        for features, embeds, labels in examples:
+            out = head(embeds, head.project(features)[None])
+            loss = torch.nn.functional.cross_entropy(head.logits(out)[0], labels, ignore_index=-100)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return head.eval()

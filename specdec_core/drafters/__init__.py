@@ -1,8 +1,10 @@
 """Drafters: one module per drafting method, all behind the interface in base.py."""
 
 from .base import NO_DRAFT, Draft, Drafter
+from .eagle import EagleDrafter
 from .eagle_head import Eagle3Head
+from .hybrid import HybridDrafter
 from .lookup import PromptLookupDrafter, find_continuation
 from .model import ModelDrafter
 
-__all__ = ["Draft", "Drafter", "Eagle3Head", "ModelDrafter", "NO_DRAFT", "PromptLookupDrafter", "find_continuation"]
+__all__ = ["Draft", "Drafter", "Eagle3Head", "EagleDrafter", "HybridDrafter", "ModelDrafter", "NO_DRAFT", "PromptLookupDrafter", "find_continuation"]

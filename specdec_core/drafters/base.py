@@ -13,6 +13,13 @@ The engine drives a drafter through these calls per generation:
     accepted(n)                             the target kept the first n drafted tokens
     release(context)                        the generation ended with this sequence (None:
                                              drop whatever the drafter kept from it)
+
+A drafter that reads the target's own features (an EAGLE head) names the target layers in
+`feature_layers`; the engine then captures their inputs during the target forwards it runs
+anyway and hands them over with observe(features, position) after the prompt prefill and after
+every verify (only the rows that stand after acceptance). features_from() tells the engine,
+right after reset(), the first position whose features the drafter lacks, so the prefill reads
+from there (a drafter that kept less of the last turn than the target did).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..policy import StepCosts
 from ..sampling import SamplingParams
 
 
@@ -39,12 +47,25 @@ class Drafter:
     """Base class: a drafter that proposes nothing. Subclasses override `propose`."""
 
     name = "none"
+    feature_layers: tuple[int, ...] = ()  # target layers whose inputs this drafter reads
 
     def bind(self, target_model, tokenizer) -> None:
         """Called once by the engine: check that this drafter can serve that target."""
 
+    def use_costs(self, costs: StepCosts) -> None:
+        """Called once by the engine: the target step costs its policy measures (live), for a
+        drafter that weighs its options by them (the hybrid)."""
+
     def reset(self, prompt_ids: list[int]) -> None:
         """A new sequence starts with these prompt tokens."""
+
+    def features_from(self) -> int | None:
+        """After reset(): the first sequence position whose target features this drafter still
+        needs (None: it reads no features, or lacks none the engine's cache would skip)."""
+        return None
+
+    def observe(self, features: torch.Tensor, position: int) -> None:
+        """[n, F] target features of the sequence positions position .. position + n - 1."""
 
     def lag(self, context: list[int]) -> int:
         """Tokens of the context this drafter must read (catch up on) before proposing."""

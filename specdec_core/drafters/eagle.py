@@ -1,0 +1,225 @@
+"""An EAGLE-3 head as the drafter: it drafts from the target's own features.
+
+Each round the head first reads the pairs it has not read yet: (target features at position j,
+token j+1) for every position whose features the last target forwards produced (the prefill, the
+verify of the last round, only the accepted part). Its output at the last pair predicts the next
+token; each later draft step feeds the head its own output and the drafted token's embedding.
+Those draft steps are cropped from the head's cache after the round: the next round re-reads the
+accepted positions with the target's true features, as EAGLE does.
+
+Sampling: q is the head's distribution over its draft vocabulary, put on the target vocabulary
+through d2t (zero elsewhere) and warped exactly as the target's (sampling.probabilities), so the
+acceptance rule keeps the output distribution exact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import LoadError
+from ..runner import growing_cache
+from ..sampling import SamplingParams, probabilities, sample
+from .base import NO_DRAFT, Draft, Drafter
+from .eagle_head import Eagle3Head
+
+_HEAD_FILES = ["config.json", "*.safetensors", "pytorch_model.bin"]
+
+
+class EagleDrafter(Drafter):
+    """Drafts with an EAGLE-3 head (Eagle3Head) over the target's features at three layers."""
+
+    name = "eagle"
+
+    def __init__(self, head: Eagle3Head, source: str = "") -> None:
+        self.head = head.eval()
+        self.source = source or "EAGLE-3 head"
+        self.feature_layers = head.layer_ids
+        self._embed = None  # the target's input embedding, shared (set in bind)
+        self._target_vocab = 0
+        self._forget()
+
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id: str | Path, local_files_only: bool = False) -> EagleDrafter:
+        """Load a head saved in the EAGLE-3 format from a folder or a hub repo id (downloaded
+        into the hub cache once). Raises LoadError (one line) when it can't."""
+        return cls(Eagle3Head.load(head_folder(path_or_hub_id, local_files_only)), source=str(path_or_hub_id))
+
+    # ---- the Drafter interface -----------------------------------------------------------
+
+    def bind(self, target_model, tokenizer) -> None:
+        text = target_model.config.get_text_config()
+        head, name = self.head, self.source
+        if head.target_hidden_size != text.hidden_size:
+            raise LoadError(
+                f"EAGLE head {name} reads features {head.target_hidden_size} wide but the target's hidden "
+                f"size is {text.hidden_size}: use a head trained for this target"
+            )
+        embed = target_model.get_input_embeddings()
+        if head.config.vocab_size != text.vocab_size or head.config.hidden_size != embed.weight.shape[1]:
+            raise LoadError(
+                f"EAGLE head {name} is for a vocabulary of {head.config.vocab_size} tokens and embeddings "
+                f"{head.config.hidden_size} wide, the target has {text.vocab_size} and {embed.weight.shape[1]}: "
+                "use a head trained for this target"
+            )
+        if max(self.feature_layers) >= text.num_hidden_layers:
+            raise LoadError(
+                f"EAGLE head {name} reads target layers {list(self.feature_layers)} but the target has "
+                f"{text.num_hidden_layers}: use a head trained for this target"
+            )
+        self._embed = embed
+        self._target_vocab = target_model.get_output_embeddings().weight.shape[0]
+        self.head.to(device=embed.weight.device, dtype=embed.weight.dtype)
+        self._target_ids = self.head.target_token_ids()
+        self._forget()
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """Keep what the head read of the last sequence as far as the new one agrees with it."""
+        shared = _shared_prefix_length(self._tokens, prompt_ids)
+        valid_pairs = min(self._pairs, max(shared - 1, 0))  # pair j also reads token j+1
+        if valid_pairs < self._pairs:
+            self._crop(valid_pairs)
+            self._pending = None  # began after the pairs just dropped
+        elif self._pending is not None:
+            keep = max(min(len(self._pending), shared - self._pairs), 0)
+            self._pending = self._pending[:keep] if keep else None
+        self._tokens = list(prompt_ids)
+        self._fresh = 0
+
+    def features_from(self) -> int:
+        return self._pairs + self._pending_rows
+
+    def observe(self, features: torch.Tensor, position: int) -> None:
+        have = self.features_from()
+        if position > have:  # a gap: positions never seen; start over from what the engine has
+            self._forget()
+            self._blind = True
+            return
+        new = features[have - position :]
+        self._fresh = len(new)
+        if len(new):
+            self._pending = new if self._pending is None else torch.cat([self._pending, new])
+
+    def lag(self, context: list[int]) -> int:
+        # The positions the last verify produced are read by the round itself; older ones
+        # (a new prompt, plain rounds while paused) are catch-up.
+        return max(self._readable(context) - self._fresh, 0)
+
+    def catch_up(self, context: list[int]) -> None:
+        self._read(context, self._readable(context) - self._fresh)
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
+        self._read(context, self._readable(context))
+        if self._blind or self._pairs == 0 or self._pairs < len(context) - 1:
+            return NO_DRAFT  # no features for the last position: nothing to draft from
+        out = self._last_out
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []
+        with torch.inference_mode():
+            for i in range(k):
+                token, dist = self._choose(self.head.logits(out), params, generator)
+                tokens.append(token)
+                if dist is not None:
+                    dists.append(dist)
+                if i + 1 < k:  # the last draft token is never fed
+                    embeds = self._embed(torch.tensor([[token]], device=out.device))
+                    out = self.head(embeds, out[None, None], self._cache)[0, -1]
+        self._cache_crop(self._pairs)  # the draft steps read the head's own guesses: drop them
+        return Draft(tokens, torch.stack(dists) if dists else None)
+
+    def release(self, context: list[int] | None) -> None:
+        if context is None:
+            self._forget()
+        else:
+            self._tokens = list(context)
+        self._blind = False
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _forget(self) -> None:
+        self._cache = growing_cache(self.head.config)
+        self._pairs = 0  # pairs (features j, token j+1) the head's cache holds: j = 0 .. pairs-1
+        self._last_out: torch.Tensor | None = None  # [H] the head's output at the last pair
+        self._pending: torch.Tensor | None = None  # [p, F] features of positions pairs .. pairs+p-1
+        self._tokens: list[int] = []  # the sequence all this belongs to
+        self._fresh = 0  # rows of the latest observe (the last verify's)
+        self._blind = False
+
+    @property
+    def _pending_rows(self) -> int:
+        return 0 if self._pending is None else len(self._pending)
+
+    def _readable(self, context: list[int]) -> int:
+        """Pending pairs whose next token is already in the context."""
+        return max(min(self._pending_rows, len(context) - 1 - self._pairs), 0)
+
+    def _read(self, context: list[int], count: int) -> None:
+        """Feed the head the next `count` pending pairs in one pass."""
+        if count <= 0:
+            return
+        start = self._pairs
+        tokens = torch.tensor([context[start + 1 : start + 1 + count]], device=self._pending.device)
+        with torch.inference_mode():
+            hidden = self.head.project(self._pending[:count])[None]
+            out = self.head(self._embed(tokens), hidden, self._cache)
+        self._last_out = out[0, -1]
+        self._pairs += count
+        self._pending = self._pending[count:] if count < len(self._pending) else None
+        self._fresh = min(self._fresh, self._pending_rows)
+
+    def _crop(self, pairs: int) -> None:
+        """Keep the first `pairs` pairs (a new sequence that agrees only that far)."""
+        if pairs == 0:
+            self._cache, self._last_out = growing_cache(self.head.config), None
+        else:
+            # The output at pair pairs-1 was not kept: re-read that pair from its features,
+            # which are gone too; so drop it as well and let the target's prefill resend it.
+            pairs -= 1
+            self._cache_crop(pairs)
+            self._last_out = None
+        self._pairs = pairs
+
+    def _cache_crop(self, keep: int) -> None:
+        surplus = self._cache.get_seq_length() - keep
+        if surplus > 0:
+            self._cache.crop(-surplus)
+
+    def _choose(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
+        """One draft token (a target id) and its [V_target] distribution (None when greedy)."""
+        if params.greedy:
+            return int(self._target_ids[int(logits.argmax())]), None
+        on_target = logits.new_full((self._target_vocab,), float("-inf"))
+        on_target[self._target_ids] = logits  # q = 0 on tokens outside the draft vocabulary
+        dist = probabilities(on_target.float(), params)
+        return sample(dist, generator), dist
+
+
+def head_folder(path_or_hub_id: str | Path, local_files_only: bool = False) -> Path:
+    """A local folder holding the head: the path itself, or the hub repo's files in the hub cache."""
+    path = Path(path_or_hub_id).expanduser()
+    text = str(path_or_hub_id)
+    if path.exists() or text.startswith(("/", ".", "~")) or text.count("/") != 1:
+        return path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(text, allow_patterns=_HEAD_FILES, local_files_only=True))
+    except Exception:
+        if local_files_only:
+            raise LoadError(f"EAGLE head {text} is not in the local hub cache: download it first (`hf download {text}`)") from None
+    try:
+        return Path(snapshot_download(text, allow_patterns=_HEAD_FILES))
+    except Exception as error:
+        raise LoadError(
+            f"EAGLE head {text} could not be downloaded ({type(error).__name__}): check the name and the "
+            f"network, or download it first (`hf download {text}`)"
+        ) from None
+
+
+def _shared_prefix_length(a: list[int], b: list[int]) -> int:
+    length = min(len(a), len(b))
+    for i in range(length):
+        if a[i] != b[i]:
+            return i
+    return length

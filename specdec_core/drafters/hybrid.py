@@ -1,0 +1,86 @@
+"""The hybrid drafter: prompt lookup while the reply copies from the context, a learned drafter
+(an EAGLE head or a draft model) otherwise.
+
+Each round it asks prompt lookup first (it costs next to nothing). With no match the other
+drafter proposes. With a match, policy.best_source weighs the two by what they have shown so
+far: each one's acceptance and drafting time per token, and the target's measured verify cost
+for the length each would draft. Both keep their state current either way: the learned
+drafter reads the target's features (or catches up on the tokens) whichever source drafted.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..policy import DraftSource, StepCosts, best_source
+from ..sampling import SamplingParams
+from .base import Draft, Drafter
+from .lookup import PromptLookupDrafter
+
+
+class HybridDrafter(Drafter):
+    """Prompt lookup or `learned` (EagleDrafter or ModelDrafter), chosen each round."""
+
+    name = "hybrid"
+
+    def __init__(self, learned: Drafter, lookup: PromptLookupDrafter | None = None) -> None:
+        self.learned = learned
+        self.lookup = lookup or PromptLookupDrafter()
+        self.feature_layers = learned.feature_layers
+        self.sources = {"lookup": DraftSource("lookup"), learned.name: DraftSource(learned.name)}
+        self._costs = StepCosts()
+        self._last: tuple[str, int, float] | None = None  # (source, drafted, seconds) of the last proposal
+        self.chosen = {name: 0 for name in self.sources}  # proposals per source (for reports)
+
+    def bind(self, target_model, tokenizer) -> None:
+        self.learned.bind(target_model, tokenizer)
+        self.lookup.bind(target_model, tokenizer)
+
+    def use_costs(self, costs: StepCosts) -> None:
+        self._costs = costs
+        self.learned.use_costs(costs)
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.learned.reset(prompt_ids)
+        self._last = None
+
+    def features_from(self) -> int | None:
+        return self.learned.features_from()
+
+    def observe(self, features: torch.Tensor, position: int) -> None:
+        self.learned.observe(features, position)
+
+    def lag(self, context: list[int]) -> int:
+        return self.learned.lag(context)
+
+    def catch_up(self, context: list[int]) -> None:
+        self.learned.catch_up(context)
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
+        started = time.perf_counter()
+        copied = self.lookup.propose(context, k, params, generator)
+        lookup_s = time.perf_counter() - started
+        offers = [(self.sources["lookup"], len(copied.tokens)), (self.sources[self.learned.name], k)]
+        if copied.tokens and best_source(offers, self._costs) == 0:
+            self._last = ("lookup", len(copied.tokens), lookup_s)
+            self.chosen["lookup"] += 1
+            return copied
+        started = time.perf_counter()
+        draft = self.learned.propose(context, k, params, generator)
+        self._last = (self.learned.name, len(draft.tokens), time.perf_counter() - started)
+        self.chosen[self.learned.name] += 1
+        return draft
+
+    def accepted(self, n: int) -> None:
+        if self._last is None:
+            return
+        source, drafted, seconds = self._last
+        self.sources[source].record(drafted, n, seconds)
+        if source == self.learned.name:
+            self.learned.accepted(n)
+        self._last = None
+
+    def release(self, context: list[int] | None) -> None:
+        self.learned.release(context)
