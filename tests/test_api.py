@@ -133,6 +133,14 @@ def test_max_tokens_gives_length_and_the_end_gives_stop(server, client):
     assert ask(client, max_completion_tokens=2).usage.completion_tokens == 2
 
 
+def test_a_reply_cut_by_the_context_is_length(server, client):
+    models = server.holder.get("tiny")
+    words = next(n for n in range(400, 0, -1)
+                 if len(chat_prompt_ids(models.tokenizer, [{"role": "user", "content": "word " * n}])) <= 509)
+    reply = ask(client, "word " * words, max_tokens=100, extra_body={"speculative": {"drafter": "none"}})
+    assert reply.usage.total_tokens == 512 and reply.choices[0].finish_reason == "length"
+
+
 def test_a_stop_string_ends_the_reply_before_it(server, client):
     expected, _ = reference(server, "Tell me a story")
     text = expected.text
@@ -339,7 +347,53 @@ def test_share_without_a_key_turns_the_api_off(tiny_app_config):
         process.wait(30)
 
 
+def test_a_failing_generation_is_one_line_and_the_server_goes_on(server, client, monkeypatch):
+    models = server.holder.get("tiny")
+    real_engine = models.engine
+
+    class Fails:
+        def __init__(self, engine):
+            self.engine = engine
+            self.stats, self.context_limit = engine.stats, engine.context_limit
+
+        def stream(self, prompt_ids, params):
+            for n, event in enumerate(self.engine.stream(prompt_ids, params)):
+                if n == 3:
+                    raise RuntimeError("kernel exploded\nTraceback (most recent call last): ...")
+                yield event
+
+    monkeypatch.setattr(models, "engine", lambda *a, **kw: Fails(real_engine(*a, **kw)))
+    with pytest.raises(openai.InternalServerError) as caught:
+        ask(client)
+    message = caught.value.body["message"]
+    assert caught.value.status_code == 500 and "RuntimeError: kernel exploded" in message
+    assert "Traceback" not in message
+    with pytest.raises(openai.APIError, match="kernel exploded"):  # mid-stream: an error event
+        streamed(client)
+    monkeypatch.undo()
+    assert ask(client, max_tokens=2).usage.completion_tokens == 2
+
+
 # ---------------------------------------------------------------- sharing the device
+
+
+def test_ui_replies_and_api_requests_take_turns_in_arrival_order(server, client):
+    target = server.holder.get("tiny").target
+    forwards = []
+    hook = target.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        ui = Client(server.url, verbose=False).submit("Long one", *controls(baseline=True, max_new_tokens=300),
+                                                     api_name="/send")
+        while len(forwards) < 5:  # the UI reply holds the device...
+            time.sleep(0.005)
+        reply = ask(client, max_tokens=3)  # ...so this waits for it to end
+        at_reply = len(forwards)
+        spans = token_spans(outputs(ui)["chat"][1])
+        time.sleep(0.2)
+        assert len(forwards) == at_reply, "the UI reply was still running when the API request was served"
+    finally:
+        hook.remove()
+    assert reply.usage.completion_tokens == 3 and len(spans) > 20
 
 
 def test_two_clients_at_once_are_served_one_after_the_other(server, client):

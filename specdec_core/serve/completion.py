@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..chat import chat_prompt_ids
 from ..engine import SpeculativeEngine
-from ..events import Stats
+from ..events import LENGTH, STOP, Stats
 from ..presets.holder import ModelHolder
 from ..presets.loading import LoadedModels
 from .errors import ApiError, bad_field
@@ -112,11 +112,9 @@ class Completion:
         """The reply, one engine token at a time (text may lag behind a possible stop string)."""
         text = StopText(self.request.stop)
         steps = self._holder.steps(self._engine.stream(self.prompt_ids, self.request.params))
-        last_token = None
         try:
             for event in steps:
                 self.completion_tokens += 1
-                last_token = event.token_id
                 yield Piece(text.push(event.text), [event.token_id], [event.source])
                 if text.hit or self._gone.is_set():
                     break
@@ -125,7 +123,8 @@ class Completion:
         tail = text.flush()
         if tail:
             yield Piece(tail, [], [])
-        self.finish_reason = "stop" if text.hit or last_token in self._engine.eos_ids else "length"
+        # OpenAI has two reasons: "length" covers the engine's "length (context)" too.
+        self.finish_reason = STOP if text.hit or self.stats.finish_reason == STOP else LENGTH
 
     def close(self) -> None:
         """Give the device to the next in line."""
