@@ -8,6 +8,7 @@ and compares with `python -m specdec_core generate --json`.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ import app
 from specdec_core import SamplingParams
 from specdec_core.chat import chat_prompt_ids
 from specdec_core.events import SOURCES
-from specdec_core.presets.config import load_presets
+from specdec_core.presets.config import DRAFTERS, load_presets
 from specdec_core.presets.holder import MAX_WAITING
 from specdec_core.serve import access_for, api_routes
 from tests.conftest import free_port
@@ -223,7 +224,7 @@ def test_sampling_with_a_seed_repeats(client):
     (dict(n=2), "n", "must be 1"),
     (dict(max_tokens=0), "max_tokens", ">= 1"),
     (dict(extra_body={"top_k": -1}), "top_k", ">= 0"),
-    (dict(extra_body={"speculative": {"drafter": "psychic"}}), "speculative.drafter", "model, prompt_lookup, none"),
+    (dict(extra_body={"speculative": {"drafter": "psychic"}}), "speculative.drafter", ", ".join(DRAFTERS)),
     (dict(extra_body={"speculative": {"draft_length": 0}}), "speculative.draft_length", "[1, 16]"),
     (dict(extra_body={"speculative": {"adaptive": "yes"}}), "speculative.adaptive", "true or false"),
     (dict(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
@@ -437,6 +438,29 @@ def test_a_client_that_disconnects_frees_the_device(server, client):
     finally:
         hook.remove()
     assert ask(client, max_tokens=3).usage.completion_tokens == 3  # the device is free
+
+
+def test_a_client_that_hangs_up_on_a_non_streamed_request_frees_the_device(server, client):
+    target = server.holder.get("tiny").target
+    forwards = []
+    hook = target.register_forward_hook(lambda *_: forwards.append(1))
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Go on and on"}],
+                       "max_tokens": 450, "temperature": 0, "speculative": {"drafter": "none"}}).encode()
+    port = int(server.api.rsplit(":", 1)[1].split("/")[0])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+            connection.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            while len(forwards) < 10:
+                time.sleep(0.005)
+        time.sleep(1.0)
+        count = len(forwards)
+        time.sleep(1.0)
+        assert len(forwards) == count, "the engine kept computing after the client hung up"
+        assert count < 440
+    finally:
+        hook.remove()
+    assert ask(client, max_tokens=3).usage.completion_tokens == 3
 
 
 def test_a_client_that_leaves_the_queue_never_runs(server, client):

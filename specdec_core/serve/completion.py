@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..chat import chat_prompt_ids
 from ..engine import SpeculativeEngine
+from ..errors import LoadError
 from ..events import LENGTH, STOP, Stats
 from ..presets.holder import ModelHolder
 from ..presets.loading import LoadedModels
@@ -92,12 +93,12 @@ class Completion:
         turn = contextlib.ExitStack()
         try:
             models = turn.enter_context(holder.using(request.model, cancelled=gone))
-            drafter = request.speculative.drafter or models.preset.drafter
-            if drafter == "model" and models.draft is None:
-                raise bad_field("speculative.drafter", f"The model '{models.preset.name}' has no draft model: "
-                                                       "use drafter prompt_lookup or none.")
             spec = request.speculative
-            engine = holder.on_device(models.engine, drafter, spec.draft_length, spec.adaptive)
+            drafter = spec.drafter or models.preset.drafter
+            try:
+                engine = holder.on_device(models.engine, drafter, spec.draft_length, spec.adaptive)
+            except LoadError as error:  # the preset lacks what this drafter needs (a draft model)
+                raise bad_field("speculative.drafter", f"{error}.") from None
             prompt_ids = _prompt_ids(models, request.messages, engine.context_limit)
         except BaseException:
             turn.close()
