@@ -1,8 +1,8 @@
 """Training sequences from the data shards: split, draft vocabulary, batches.
 
 A sequence is one prompt + reply with the target's features at positions 0..n-2. Every tenth
-shard (index 9, 19, ...; the last one when there are fewer than ten) is held out for the
-acceptance measurement. Prompts of the next shard that were built on a held-out shard's passages
+shard (index 8, 18, ...: shards whose replies are greedy, see data.MODES; the last one when there
+are fewer than nine) is held out for the acceptance measurement. Prompts of the next shard that were built on a held-out shard's passages
 are left out of training, so no held-out reply is ever in the training data.
 """
 
@@ -34,7 +34,7 @@ class Sequence:
 
 
 def held_out_shards(count: int) -> set[int]:
-    return {i for i in range(count) if i % 10 == 9} or {count - 1}
+    return {i for i in range(count) if i % 10 == 8} or {count - 1}
 
 
 def load_sequences(data_dir: Path, settings: DataSettings, tokenizer) -> tuple[list[Sequence], list[Sequence]]:

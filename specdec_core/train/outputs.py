@@ -54,7 +54,7 @@ def readme(summary: dict) -> str:
         "",
         f"- training: {data['train_sequences']} sequences, {data['train_reply_tokens']:,} reply tokens "
         f"({data['train_tokens']:,} with prompts); families {', '.join(f'{k} {v}' for k, v in data['families'].items())}",
-        f"- held out: every tenth shard, {data['heldout_sequences']} sequences; acceptance is measured on its "
+        f"- held out: every tenth shard (greedy replies), {data['heldout_sequences']} sequences; acceptance is measured on its "
         f"{data['evaluated_sequences']} greedy replies",
         f"- draft vocabulary: the {data['draft_vocab_size']:,} tokens most frequent in the training replies; they cover "
         f"{data['draft_vocab_coverage_train']:.1%} of training reply tokens and {data['draft_vocab_coverage_heldout']:.1%} of held-out ones",
