@@ -72,8 +72,9 @@ def run_generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
     )
-    # Only drafter "model" needs the draft (None: load it if it is the preset's default).
-    load_draft = args.drafter == "model" if args.drafter else None
+    # Only drafter "model" needs the draft, and "hybrid" where the preset's EAGLE head can't
+    # serve (None: load it if the preset's default drafter is "model").
+    load_draft = args.drafter in ("model", "hybrid") if args.drafter else None
     models = load_preset(args.preset, args.config, load_draft=load_draft, compile=args.compile)
     inform(f"preset: {models.preset.name}", *models.notes, models.describe())
     engine = models.make_engine(

@@ -70,6 +70,32 @@ presets:
     drafter: none
     memory_gb: 0.1
     gated: true
+  tiny-eagle:
+    description: the tiny target with a random EAGLE-3 head and a draft model
+    target: ./target
+    draft: ./draft-padded
+    eagle: ./eagle
+    drafter: eagle
+    draft_length: 3
+    memory_gb: 0.1
+  tiny-eagle-misfit:
+    description: an EAGLE-3 head made for a wider target
+    target: ./target
+    eagle: ./eagle-wide
+    drafter: prompt_lookup
+    memory_gb: 0.1
+  tiny-eagle-broken:
+    description: an EAGLE-3 head folder with damaged weights
+    target: ./target
+    eagle: ./eagle-broken
+    drafter: prompt_lookup
+    memory_gb: 0.1
+  tiny-eagle-missing:
+    description: an EAGLE-3 head folder that does not exist (not trained yet)
+    target: ./target
+    eagle: ./no-such-head
+    drafter: prompt_lookup
+    memory_gb: 0.1
   remote-code:
     description: opts in to code shipped with the model
     target: ./target
@@ -92,11 +118,26 @@ def write_tiny_presets(folder: Path, tokenizer) -> TinyPresets:
     _save(tiny_qwen2(seed=2, init=0.2), tokenizer, folder / "qwen")
     other = other_tokenizer()
     _save(tiny_llama(seed=3, vocab=len(other)), other, folder / "other-tokenizer")
+    _write_eagle_heads(target, folder)
     hub_cache = folder / "hub"
     _fake_hub_snapshot(folder / "target", hub_cache, HUB_REPO)
     config = folder / "models.yaml"
     config.write_text(PRESETS_YAML)
     return TinyPresets(config=config, hub_cache=hub_cache)
+
+
+def _write_eagle_heads(target, folder: Path) -> None:
+    """A random head for the target, one for a wider target, and one with damaged weights."""
+    from transformers import LlamaConfig
+
+    from specdec_core.drafters import Eagle3Head
+
+    Eagle3Head.random(target.config, draft_vocab_size=2048, seed=1).save(folder / "eagle")
+    wide = LlamaConfig(vocab_size=VOCAB, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2)
+    Eagle3Head.random(wide, draft_vocab_size=512).save(folder / "eagle-wide")
+    Eagle3Head.random(target.config, draft_vocab_size=512).save(folder / "eagle-broken")
+    (folder / "eagle-broken" / "model.safetensors").write_bytes(b"not a safetensors file")
 
 
 def other_tokenizer():

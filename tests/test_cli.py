@@ -137,4 +137,39 @@ def test_smollm2_local_greedy_is_the_same_with_every_drafter(empty_hub_cache):
     assert len(baseline) > 0 and set(replies["none"]["sources"]) == {"target"}
     assert replies["prompt_lookup"]["token_ids"] == baseline
     assert replies["model"]["token_ids"] == baseline
+    # The offline preset's EAGLE head: the same reply once it is trained and committed; until
+    # then, one line says it is missing (and hybrid drafts with the draft model instead).
+    replies["hybrid"] = generate_json(*args, "--preset", "smollm2-135m-local", "--drafter", "hybrid",
+                                      hub_cache=empty_hub_cache)
+    assert replies["hybrid"]["token_ids"] == baseline
+    eagle = specdec("generate", *args, "--preset", "smollm2-135m-local", "--drafter", "eagle", "--json",
+                    hub_cache=empty_hub_cache)
+    if (REPO / "heads" / "smollm2-135m-eagle3" / "config.json").is_file():
+        assert eagle.returncode == 0, eagle.stderr
+        assert json.loads(eagle.stdout)["token_ids"] == baseline
+    else:
+        assert "doesn't exist" in error_line(eagle)
     assert replies["model"]["stats"]["drafted_tokens"] > 0
+
+
+def test_eagle_and_hybrid_drafters(tiny_presets, empty_hub_cache):
+    args = ["--config", str(tiny_presets.config), "--prompt", "Count: 1 2 3 1 2 3", "--max-new-tokens", "12"]
+    baseline = generate_json(*args, "--preset", "tiny-eagle", "--drafter", "none", hub_cache=empty_hub_cache)
+    for drafter in ("eagle", "hybrid"):
+        reply = generate_json(*args, "--preset", "tiny-eagle", "--drafter", drafter, hub_cache=empty_hub_cache)
+        assert reply["token_ids"] == baseline["token_ids"] and reply["stats"]["drafted_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    "preset, says",
+    [
+        ("tiny-eagle-misfit", "hidden size"),
+        ("tiny-eagle-broken", "can't be read"),
+        ("tiny-eagle-missing", "doesn't exist"),
+        ("tiny-qwen", "no eagle: head source"),
+    ],
+)
+def test_an_eagle_head_that_cant_serve_is_one_line_and_exit_2(tiny_presets, empty_hub_cache, preset, says):
+    run = specdec("generate", "--config", str(tiny_presets.config), "--preset", preset, "--prompt", "hi",
+                  "--drafter", "eagle", hub_cache=empty_hub_cache)
+    assert says in error_line(run)

@@ -169,3 +169,10 @@ def test_model_source_kinds(tmp_path, text, kind):
 def test_bad_model_sources(tmp_path, text):
     with pytest.raises(ValueError):
         parse_model_source(text, tmp_path)
+
+
+def test_eagle_drafter_needs_an_eagle_source(tmp_path):
+    message = config_error(tmp_path, preset_body=GOOD_PRESET.replace("drafter: prompt_lookup", "drafter: eagle"))
+    assert "'drafter' is 'eagle' but the preset has no 'eagle' head source" in message
+    message = config_error(tmp_path, preset_body=GOOD_PRESET.replace("drafter: prompt_lookup", "drafter: hybrid"))
+    assert "neither an 'eagle' head nor a 'draft'" in message

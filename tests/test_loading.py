@@ -68,7 +68,7 @@ def test_engine_defaults_come_from_the_preset_and_overrides_win(tiny):
     assert engine.drafter.name == "prompt_lookup" and engine.draft_length == 2 and not engine.adaptive
     assert not tiny.make_engine(drafter="none").speculative
     with pytest.raises(ValueError, match="drafter must be one of"):
-        tiny.make_engine(drafter="eagle")
+        tiny.make_engine(drafter="medusa")
 
 
 def test_engines_are_kept_per_setting_so_their_policy_keeps_learning(tiny_presets):
@@ -319,3 +319,69 @@ def test_gguf_file_preset_reuses_the_cached_conversion(smollm2_local, tmp_path, 
                       f"    target: {bundled_gguf('smollm2-135m-instruct')}\n    drafter: none\n    memory_gb: 1\n")
     models = load_preset("g", config)
     assert models.preset.target.kind == "gguf" and models.info[0].parameters == 134_515_008
+
+
+# ---------------------------------------------------------------- EAGLE heads
+
+
+def test_a_preset_with_an_eagle_head_loads_it_and_every_drafter_gives_the_baseline_reply(tiny_presets):
+    models = load_preset("tiny-eagle", tiny_presets.config)
+    head = next(info for info in models.info if info.role == "eagle head")
+    assert head.name == "./eagle" and head.parameters == models.eagle_head.parameter_count
+    assert "draft vocabulary 2,048 of 49,152 tokens" in head.line() and head.memory_bytes > 0
+    assert "eagle head: ./eagle" in models.describe() and "decode: eager" in models.describe()
+    assert models.make_engine().drafter.name == "eagle"  # the preset's default
+    hybrid = models.make_engine(drafter="hybrid").drafter
+    assert hybrid.name == "hybrid" and hybrid.learned.name == "eagle"
+    for prompt in PROMPTS[:2]:
+        baseline = greedy_ids(models, "none", prompt)
+        for drafter in ("eagle", "hybrid", "model", "prompt_lookup"):
+            assert greedy_ids(models, drafter, prompt) == baseline, drafter
+    # Engines share the head module but not its cache.
+    assert models.engine("eagle").drafter.head is models.engine("hybrid").drafter.learned.head
+    assert models.engine("eagle").drafter is not models.engine("hybrid").drafter.learned
+
+
+@pytest.mark.parametrize(
+    "preset, says",
+    [
+        ("tiny-eagle-misfit", "reads features 96 wide but the target's hidden size is 64"),
+        ("tiny-eagle-broken", "can't be read"),
+        ("tiny-eagle-missing", "doesn't exist"),
+        ("tiny", "has no eagle: head source"),
+    ],
+)
+def test_an_eagle_head_that_cant_serve_leaves_the_preset_loadable_and_says_why_in_one_line(tiny_presets, preset, says):
+    models = load_preset(preset, tiny_presets.config, load_draft=False)
+    assert models.make_engine(drafter="prompt_lookup").generate([5, 6, 7], SamplingParams(max_new_tokens=3)).token_ids
+    if preset != "tiny":
+        assert any(note.startswith("EAGLE head unavailable:") and says in note for note in models.notes)
+    for drafter in ("eagle", "hybrid"):
+        with pytest.raises(LoadError) as raised:
+            models.make_engine(drafter=drafter)
+        assert says in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_hybrid_without_a_head_drafts_with_the_draft_model(tiny):
+    drafter = tiny.make_engine(drafter="hybrid").drafter
+    assert drafter.name == "hybrid" and drafter.learned.name == "model"
+    assert greedy_ids(tiny, "hybrid", PROMPTS[1]) == greedy_ids(tiny, "none", PROMPTS[1])
+
+
+def test_an_eagle_head_from_the_hub_cache_loads_offline(monkeypatch, tiny_presets, tmp_path):
+    """A hub repo id as the eagle: source, found in the local hub cache with the hub unreachable."""
+    import shutil
+
+    from specdec_core.drafters.eagle import head_folder
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--tiny-org--tiny-eagle3"
+    shutil.copytree(tiny_presets.config.parent / "eagle", repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    folder = head_folder("tiny-org/tiny-eagle3", local_files_only=True)
+    assert (folder / "config.json").is_file()
+    with pytest.raises(LoadError, match="not in the local hub cache"):
+        head_folder("tiny-org/not-cached-eagle3", local_files_only=True)

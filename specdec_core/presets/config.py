@@ -23,7 +23,7 @@ AUTO = "auto"  # the reserved preset name that picks a preset for this machine
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("4bit", "8bit", "none")
-DRAFTERS = ("model", "prompt_lookup", "none")
+DRAFTERS = ("model", "prompt_lookup", "eagle", "hybrid", "none")
 BUNDLED_PREFIX = "bundled:"
 _LOCAL_PREFIXES = ("/", "./", "../", "~")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -52,6 +52,7 @@ class Preset:
     description: str
     target: ModelSpec
     draft: ModelSpec | None
+    eagle: ModelSpec | None  # an EAGLE-3 head for the target (drafters eagle and hybrid)
     dtype: str
     draft_quantization: str
     drafter: str
@@ -67,7 +68,7 @@ class Preset:
     @property
     def offline(self) -> bool:
         """True when no model of this preset comes from the hub."""
-        return self.target.offline and (self.draft is None or self.draft.offline)
+        return all(spec is None or spec.offline for spec in (self.target, self.draft, self.eagle))
 
     def needs(self) -> str:
         """What running it takes, in a few words (for `presets` listings and the UI)."""
@@ -94,6 +95,7 @@ _PRESET_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "description": ((str,), _REQUIRED),
     "target": ((str,), _REQUIRED),
     "draft": ((str, type(None)), None),
+    "eagle": ((str, type(None)), None),
     "dtype": ((str,), "auto"),
     "draft_quantization": ((str,), "none"),
     "drafter": ((str,), _REQUIRED),
@@ -185,8 +187,9 @@ def _parse_preset(name: str, body: Any, base_dir: Path, where: str) -> Preset:
     _check_keys(body, _PRESET_KEYS, required, where)
     values = {key: _typed_value(body, key, where) for key in _PRESET_KEYS}
     values["target"] = _model_source(values["target"], base_dir, where, "target")
-    if values["draft"] is not None:
-        values["draft"] = _model_source(values["draft"], base_dir, where, "draft")
+    for key in ("draft", "eagle"):
+        if values[key] is not None:
+            values[key] = _model_source(values[key], base_dir, where, key)
     _check_consistency(values, where)
     return Preset(name=name, **values)
 
@@ -218,6 +221,10 @@ def _model_source(text: str, base_dir: Path, where: str, key: str) -> ModelSpec:
 def _check_consistency(values: dict, where: str) -> None:
     if values["drafter"] == "model" and values["draft"] is None:
         raise ConfigError(f"{where}: key 'drafter' is 'model' but the preset has no 'draft'")
+    if values["drafter"] == "eagle" and values["eagle"] is None:
+        raise ConfigError(f"{where}: key 'drafter' is 'eagle' but the preset has no 'eagle' head source")
+    if values["drafter"] == "hybrid" and values["eagle"] is None and values["draft"] is None:
+        raise ConfigError(f"{where}: key 'drafter' is 'hybrid' but the preset has neither an 'eagle' head nor a 'draft'")
     if values["draft_length"] < 1:
         raise ConfigError(f"{where}: key 'draft_length' must be >= 1, got {values['draft_length']}")
     for key in ("memory_gb", "download_gb"):

@@ -28,6 +28,7 @@ from .sources import (
     availability_problem,
     hub_problem_message,
     resolve,
+    resolve_head,
 )
 
 __all__ = [
@@ -46,7 +47,7 @@ _GB = 1024**3
 class ModelInfo:
     """What one loaded model is and what it costs."""
 
-    role: str  # "target" | "draft"
+    role: str  # "target" | "draft" | "eagle head"
     name: str  # the source as written in models.yaml
     parameters: int
     memory_bytes: int  # weights and buffers, as the model reports them
@@ -54,12 +55,14 @@ class ModelInfo:
     dtype: str  # dtype of the unquantized parts, e.g. "float32"
     quantization: str  # "nf4" | "int8" | "none"
     load_s: float
+    detail: str = ""  # what else matters for this kind of model (an EAGLE head's draft vocabulary)
 
     def line(self) -> str:
+        detail = f"  {self.detail}" if self.detail else ""
         return (
             f"{self.role}: {self.name}  {self.parameters / 1e6:,.1f}M params  "
             f"{self.memory_bytes / 1e6:,.0f} MB  {self.device}  {self.dtype}  "
-            f"quantization {self.quantization}  loaded in {self.load_s:.1f} s"
+            f"quantization {self.quantization}{detail}  loaded in {self.load_s:.1f} s"
         )
 
 
@@ -78,6 +81,9 @@ class LoadedModels:
     # dynamic cache (CachedModel), or a StaticSteps compiled and warmed up at load (issue 6).
     target_runner: Callable | None = None
     draft_runner: Callable | None = None
+    # The preset's EAGLE-3 head (shared by every engine that drafts with it), or why there is none.
+    eagle_head: torch.nn.Module | None = None
+    eagle_problem: str | None = None
     _engines: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see engine()
 
     def make_engine(
@@ -93,14 +99,17 @@ class LoadedModels:
         if self.target is None:
             raise LoadError(f"the models of preset {self.preset.name} were unloaded: load it again")
         drafter, draft_length, adaptive = self._settings(drafter, draft_length, adaptive)
+        built = self._drafter(drafter)
+        # A drafter that reads the target's features needs eager target forwards (hooks).
+        target_runner = None if built is not None and built.feature_layers else self.target_runner
         return SpeculativeEngine(
             self.target,
             self.tokenizer,
-            drafter=self._drafter(drafter),
+            drafter=built,
             draft_length=draft_length,
             adaptive=adaptive,
             stop_strings=stop_strings,
-            **_runner_argument(self.target_runner),
+            **_runner_argument(target_runner),
         )
 
     def engine(self, drafter: str | None = None, draft_length: int | None = None, adaptive: bool | None = None):
@@ -131,10 +140,18 @@ class LoadedModels:
     def describe(self) -> str:
         """One line per model: parameters, memory, device, dtype, quantization, load time, decode path."""
         runners = {"target": (self.target_runner, self.target), "draft": (self.draft_runner, self.draft)}
-        return "\n".join(f"{info.line()}  decode: {_decode_path(*runners[info.role])}" for info in self.info)
+        lines = []
+        for info in self.info:
+            if info.role in runners:
+                lines.append(f"{info.line()}  decode: {_decode_path(*runners[info.role])}")
+            else:  # the EAGLE head runs eagerly, and so does the target under it (feature hooks)
+                compiled = getattr(self.target_runner, "compiled", False)
+                target_path = "; the target decodes eagerly with it" if compiled else ""
+                lines.append(f"{info.line()}  decode: eager{target_path}")
+        return "\n".join(lines)
 
     def _drafter(self, kind: str):
-        from ..drafters import ModelDrafter, PromptLookupDrafter
+        from ..drafters import EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter
 
         if kind not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}")
@@ -142,10 +159,31 @@ class LoadedModels:
             return None
         if kind == "prompt_lookup":
             return PromptLookupDrafter()
+        if kind == "eagle":
+            return EagleDrafter(self._eagle_head(), source=self.preset.eagle.label)
+        if kind == "hybrid":
+            if self.eagle_head is not None:
+                return HybridDrafter(EagleDrafter(self.eagle_head, source=self.preset.eagle.label))
+            if self.draft is None:
+                raise LoadError(f"preset {self.preset.name} has no EAGLE head and no draft model for hybrid "
+                                f"({self._eagle_missing()}): use drafter prompt_lookup")
+            return HybridDrafter(self._drafter("model"))
         if self.draft is None:
             missing = "has no draft model" if self.preset.draft is None else "was loaded without its draft model"
             raise LoadError(f"preset {self.preset.name} {missing}: use drafter prompt_lookup or none")
         return ModelDrafter(self.draft, tokenizer=self.draft_tokenizer, **_runner_argument(self.draft_runner))
+
+    def _eagle_head(self):
+        if self.eagle_head is None:
+            raise LoadError(f"{self._eagle_missing()}: use drafter prompt_lookup or model")
+        return self.eagle_head
+
+    def _eagle_missing(self) -> str:
+        if self.eagle_problem:
+            return self.eagle_problem
+        if self.preset.eagle is None:
+            return f"preset {self.preset.name} has no eagle: head source (add one in models.yaml)"
+        return f"preset {self.preset.name} was loaded without its EAGLE head"
 
 
 def _runner_argument(runner: Callable | None) -> dict:
@@ -158,12 +196,19 @@ def _decode_path(runner: Callable | None, model=None) -> str:
 
 
 def load_preset(
-    name: str = AUTO, config_path=None, *, load_draft: bool | None = True, compile: bool | str | None = None
+    name: str = AUTO,
+    config_path=None,
+    *,
+    load_draft: bool | None = True,
+    compile: bool | str | None = None,
+    load_eagle: bool | None = True,
 ) -> LoadedModels:
     """Load a preset by name ("auto" picks one for this machine; see models.yaml).
 
     load_draft=False skips the draft model (faster, for runs that won't use drafter "model");
-    None loads it only when the preset's default drafter is "model".
+    None loads it only when the preset's default drafter is "model". load_eagle likewise for the
+    preset's EAGLE head (None: only when the default drafter is "eagle" or "hybrid"); a head that
+    can't be loaded or doesn't fit the target leaves a note (and drafter "eagle" says why).
     compile: true | false | "auto" overrides the preset's `compile` key (None: the preset's);
     when on, both models' decoding steps are compiled here, before this returns.
     Raises ConfigError for an invalid file and LoadError (one line) for everything that
@@ -202,6 +247,16 @@ def load_preset(
     for role, model, runner in (("target", target, target_runner), ("draft", draft, draft_runner)):
         if model is not None and runner is None:  # eager decoding; compiled steps pick their own kernels
             notes += _pack_for_cpu(role, model, info)
+    if load_eagle is None:
+        load_eagle = preset.drafter in ("eagle", "hybrid")
+    eagle_head = eagle_problem = None
+    if preset.eagle is not None and load_eagle:
+        try:
+            eagle_head, eagle_info = _load_eagle_head(preset, target, tokenizer)
+            info.append(eagle_info)
+        except LoadError as error:
+            eagle_problem = str(error)
+            notes.append(f"EAGLE head unavailable: {eagle_problem}")
     return LoadedModels(
         preset=preset,
         tokenizer=tokenizer,
@@ -212,7 +267,36 @@ def load_preset(
         draft_tokenizer=draft_tokenizer,
         target_runner=target_runner,
         draft_runner=draft_runner,
+        eagle_head=eagle_head,
+        eagle_problem=eagle_problem,
     )
+
+
+def _load_eagle_head(preset: Preset, target, tokenizer):
+    """(head, ModelInfo): the preset's EAGLE head, read and checked against the target (placed on
+    its device, in its dtype). LoadError (one line) when it is missing, broken or doesn't fit."""
+    from ..drafters import Eagle3Head, EagleDrafter
+
+    started = time.perf_counter()
+    spec = preset.eagle
+    with load_errors(spec.label):
+        folder = resolve_head(spec)
+    head = Eagle3Head.load(folder, num_target_layers=target.config.get_text_config().num_hidden_layers)
+    EagleDrafter(head, source=spec.label).bind(target, tokenizer)  # checks the fit; moves it
+    memory = sum(t.numel() * t.element_size() for t in [*head.parameters(), *head.buffers()])
+    layers = ", ".join(str(i) for i in head.layer_ids)
+    info = ModelInfo(
+        role="eagle head",
+        name=spec.label,
+        parameters=head.parameter_count,
+        memory_bytes=memory,
+        device=str(head.fc.weight.device),
+        dtype=str(head.fc.weight.dtype).removeprefix("torch."),
+        quantization="none",
+        load_s=time.perf_counter() - started,
+        detail=f"draft vocabulary {head.draft_vocab_size:,} of {head.config.vocab_size:,} tokens, reads target layers {layers}",
+    )
+    return head, info
 
 
 def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: list[str]):
@@ -277,6 +361,7 @@ def unload(models: LoadedModels) -> None:
     compiled = any(getattr(r, "compiled", False) for r in (models.target_runner, models.draft_runner))
     models.target = None
     models.draft = None
+    models.eagle_head = None
     models._engines.clear()
     models.target_runner = models.draft_runner = None  # they hold the models and KV caches
     if compiled:

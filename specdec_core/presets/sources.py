@@ -62,6 +62,19 @@ def resolve(spec: ModelSpec) -> ResolvedSource:
     raise LoadError(f"{spec.label}: unknown model source kind '{spec.kind}'")
 
 
+def resolve_head(spec: ModelSpec) -> Path:
+    """The local folder of an EAGLE head source (a hub repo is downloaded into the hub cache, or
+    read from it when the hub can't be reached), or LoadError saying what to do."""
+    from ..drafters.eagle import head_folder
+
+    if spec.kind == "local":
+        return Path(spec.location)
+    if spec.kind == "hub":
+        source = _resolve_hub(spec.location)
+        return head_folder(source.path, local_files_only=source.local_files_only)
+    raise LoadError(f"eagle: {spec.label}: an EAGLE head is a hub repo id or a local folder, not a {spec.kind} model")
+
+
 def availability_problem(spec: ModelSpec) -> str | None:
     """Why this model can't be loaded right now without waiting on the network (None: it can)."""
     if spec.kind == "hub":
