@@ -472,7 +472,8 @@ def launch(demo: gr.Blocks, args: argparse.Namespace, api: list | None = None,
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        holder = ModelHolder(args.config, loader=functools.partial(load_preset, compile=args.compile))
+        holder = ModelHolder(args.config, loader=functools.partial(load_preset, compile=args.compile),
+                             start_preset=args.preset)
         demo = build_ui(args.preset, args.config, args.max_new_tokens, holder=holder)
         access = access_for(args.host, args.share, args.api_key)
         api = api_routes(holder, load_presets(args.config), access, args.max_new_tokens)

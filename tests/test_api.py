@@ -49,7 +49,7 @@ def launch_server(config, holder, key=None):
 @pytest.fixture(scope="module")
 def server(tiny_app_config):
     """The app with its API (open on loopback), and the same models behind a second, keyed server."""
-    holder = app.ModelHolder(str(tiny_app_config))
+    holder = app.ModelHolder(str(tiny_app_config), start_preset="tiny")
     demo = launch_server(tiny_app_config, holder)
     keyed = launch_server(tiny_app_config, holder, key=KEY)
     yield SimpleNamespace(url=demo.local_url, api=demo.local_url + "v1", keyed_api=keyed.local_url + "v1",
@@ -87,6 +87,9 @@ def streamed(client, content: str = "Tell me a story", **options) -> list:
 def test_models_lists_auto_and_the_presets(client):
     ids = [model.id for model in client.models.list()]
     assert ids == ["auto", "tiny", "tiny-nodraft", "broken"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
 
 
 def test_greedy_reply_is_the_engines_token_for_token(server, client):

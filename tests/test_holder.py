@@ -171,3 +171,12 @@ def test_errors_of_device_work_reach_the_caller():
         assert next(steps) == 1
         with pytest.raises(ValueError, match="bad step"):
             next(steps)
+
+
+def test_auto_means_what_is_loaded_else_the_start_preset():
+    loaded = []
+    holder = ModelHolder(loader=lambda preset, _: loaded.append(preset) or SimpleNamespace(
+        preset=SimpleNamespace(name=preset)), unloader=lambda models: None, start_preset="b")
+    assert holder.get("auto").preset.name == "b"
+    assert holder.get("a").preset.name == "a" and holder.get("auto").preset.name == "a"
+    assert loaded == ["b", "a"]

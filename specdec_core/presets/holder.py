@@ -131,8 +131,10 @@ class ModelHolder:
     def __init__(self, config_path: str | None = None,
                  loader: Callable[..., LoadedModels] = load_preset,
                  unloader: Callable[[LoadedModels], None] = unload,
-                 max_waiting: int = MAX_WAITING) -> None:
+                 max_waiting: int = MAX_WAITING, start_preset: str = "auto") -> None:
+        """start_preset: what "auto" loads when nothing is loaded (the server's --preset)."""
         self._config_path = config_path
+        self._start_preset = start_preset
         self._loader = loader
         self._unloader = unloader
         self._models: LoadedModels | None = None
@@ -144,7 +146,7 @@ class ModelHolder:
         return self._models
 
     def get(self, preset: str) -> LoadedModels:
-        """The models of `preset` ("auto": whatever is loaded, else the automatic pick)."""
+        """The models of `preset` ("auto": whatever is loaded, else the start preset)."""
         with self.using(preset) as models:
             return models
 
@@ -172,7 +174,7 @@ class ModelHolder:
         if current is not None and preset in ("auto", current.preset.name):
             return current
         self._release_in_turn()
-        self._models = self._loader(preset, self._config_path)
+        self._models = self._loader(self._start_preset if preset == "auto" else preset, self._config_path)
         return self._models
 
     def _release_in_turn(self) -> None:

@@ -47,13 +47,13 @@ def parse_chat_request(body: object, presets: Collection[str], default_max_token
                             "(GET /v1/models lists them).", param="model", code="model_not_found")
     if _integer(body, "n", 1, low=1) != 1:
         raise bad_field("n", "n must be 1: one choice per request.")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    # max_completion_tokens is OpenAI's newer name for max_tokens; it wins when both are given.
+    max_tokens = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     params = SamplingParams(
         temperature=_number(body, "temperature", 1.0, low=0.0, high=2.0),
         top_p=_number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True),
         top_k=_integer(body, "top_k", 0, low=0),
-        max_new_tokens=default_max_tokens if max_tokens is None else _integer({name: max_tokens}, name, 0, low=1),
+        max_new_tokens=_integer(body, max_tokens, default_max_tokens, low=1),
         seed=_integer(body, "seed", None),
     )
     stream_options = body.get("stream_options") or {}

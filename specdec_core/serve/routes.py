@@ -77,6 +77,16 @@ def api_routes(holder: ModelHolder, presets: Collection[str], access: ApiAccess,
     async def models(request: Request) -> Response:
         return await _answer(request, access, lambda: _models_body(presets, holder))
 
+    async def model(request: Request) -> Response:
+        def body() -> dict:
+            name = request.path_params["model"]
+            found = [m for m in _models_body(presets, holder)["data"] if m["id"] == name]
+            if not found:
+                raise ApiError(404, f"The model '{name}' does not exist: use one of {', '.join([AUTO, *presets])}.",
+                               param="model", code="model_not_found")
+            return found[0]
+        return await _answer(request, access, body)
+
     async def chat_completions(request: Request) -> Response:
         try:
             _check_key(request, access.key)
@@ -87,6 +97,7 @@ def api_routes(holder: ModelHolder, presets: Collection[str], access: ApiAccess,
         return await _complete(request, holder, chat)
 
     return [Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model}", model, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"])]
 
 
