@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specdec_core.bench import run as bench
-from specdec_core.bench.methods import METHODS, RoundCounts, Run, rounds_from_trace, timed_run
+from specdec_core.bench.methods import METHODS, RoundCounts, Run, available_methods, rounds_from_trace, timed_run
 from specdec_core.bench.questions import DEFAULT_QUESTIONS, FAMILIES, MT_BENCH_CATEGORIES, load_questions
 from specdec_core.bench.theory_check import ProbedCosts, acceptance_probability, predicted_speedup
 from specdec_core.theory import expected_tokens as expected_tokens_per_round
@@ -156,13 +156,62 @@ def test_small_run_writes_every_file_with_the_contract_keys(tiny_run):
         assert key in report, key
     assert report["preset"]["name"] == "tiny"
     assert {"torch", "transformers"} <= set(report["versions"])
-    assert list(report["results"]) == list(METHODS)
-    for method in METHODS:
+    assert list(report["results"]) == list(available_methods())
+    for method in available_methods():
         for category in ("translation", "rag", "overall"):
             figures = report["results"][method][category]
             assert set(FIGURES) <= set(figures), (method, category)
             assert figures["tokens_per_second"] > 0
     assert report["settings"]["questions"] == 2
+
+
+def test_small_run_reports_the_bandwidth_ceiling_and_each_methods_share(tiny_run):
+    _, out = tiny_run
+    report = json.loads((out / "results.json").read_text())
+    b = report["bandwidth"]
+    assert b["weight_bytes_per_step"] > 0 and b["read_bandwidth_gbs"] > 0
+    assert b["ceiling_tokens_per_s"] == pytest.approx(b["read_bandwidth_gbs"] * 1e9 / b["weight_bytes_per_step"], rel=0.01)
+    assert set(b["share_of_ceiling"]) == set(report["results"])
+    tps = report["results"]["ours-baseline"]["overall"]["tokens_per_second"]
+    assert b["share_of_ceiling"]["ours-baseline"] == pytest.approx(tps / b["ceiling_tokens_per_s"], rel=0.01, abs=1e-3)
+    assert "## Memory-bandwidth ceiling" in (out / "results.md").read_text()
+
+
+def test_weight_bytes_per_step_count_what_each_layer_reads(tiny_app_config):
+    """fp32 layers: their weights; prepacked: the same bytes; the tied embedding once, as the head."""
+    from specdec_core.bench.machine import weight_bytes_read_per_step
+    from specdec_core.packed_linear import pack_linear_layers
+    from tests.tiny_models import tiny_llama
+
+    model = tiny_llama(seed=0)
+    embedding = model.get_input_embeddings().weight
+    tied = model.get_output_embeddings().weight is embedding
+    everything = sum(p.numel() * 4 for p in model.parameters()) + sum(b.numel() * b.element_size() for b in model.buffers())
+    expected = everything if tied else everything - embedding.numel() * 4
+    assert weight_bytes_read_per_step(model) == expected
+    pack_linear_layers(model)
+    assert weight_bytes_read_per_step(model) == expected
+
+
+def test_llamacpp_is_a_method_only_where_llama_cpp_is_importable(tiny_app_config, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    from specdec_core.bench import methods as bench_methods
+
+    real_find_spec = importlib.util.find_spec
+    if real_find_spec("llama_cpp") is None:
+        assert "llamacpp" not in available_methods()
+        problem = bench_methods.llamacpp_problem()
+        assert "\n" not in problem and "pip install llama-cpp-python" in problem
+        code = bench.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path),
+                           "--methods", "ours-baseline,llamacpp"])
+        assert code == bench.EXIT_ERROR
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        assert errors == [f"error: {problem}"]
+    # simulated: as where llama-cpp-python is installed
+    present = lambda name, *a: object() if name == "llama_cpp" else real_find_spec(name, *a)  # noqa: E731
+    monkeypatch.setattr(bench_methods.importlib.util, "find_spec", present)
+    assert bench_methods.llamacpp_problem() is None and available_methods() == METHODS
 
 
 def test_small_run_greedy_outputs_equal_the_baseline(tiny_run):

@@ -106,11 +106,21 @@ def test_missing_key_names_preset_and_key(tmp_path):
         ("draft_length: 0", "draft_length"),
         ("download_gb: -1", "download_gb"),
         ("draft: not a model id", "draft"),
+        ("cpu_weights: int4", "cpu_weights"),
+        ("cpu_weights: gguf", "cpu_weights"),  # the target ./target is a folder, not a GGUF file
     ],
 )
 def test_wrong_value_names_preset_and_key(tmp_path, line, key):
     message = config_error(tmp_path, preset_body=GOOD_PRESET + f"    {line}\n")
     assert "preset 'p'" in message and f"'{key}'" in message
+
+
+def test_cpu_weights_defaults_to_fp32_and_gguf_needs_a_gguf_target(tmp_path):
+    assert load_config(write_config(tmp_path)).presets["p"].cpu_weights == "fp32"
+    gguf = GOOD_PRESET.replace("./target", "./model.gguf") + "    cpu_weights: gguf\n"
+    assert load_config(write_config(tmp_path, preset_body=gguf)).presets["p"].cpu_weights == "gguf"
+    message = config_error(tmp_path, preset_body=GOOD_PRESET + "    cpu_weights: gguf\n")
+    assert "not a GGUF file" in message and "cpu_weights: fp32" in message
 
 
 def test_model_drafter_needs_a_draft(tmp_path):

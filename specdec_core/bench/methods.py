@@ -4,6 +4,9 @@ ours-*  SpeculativeEngine with drafter none / model / prompt_lookup (the preset'
         and adaptivity).
 hf-*    Hugging Face `generate()`: plain greedy, assisted generation with the preset's draft as
         `assistant_model`, and prompt lookup (`prompt_lookup_num_tokens=10`).
+llamacpp  llama.cpp (llama-cpp-python) decoding the preset's GGUF file plainly and greedily: the
+        same prompt token ids (our chat template), eos ids and max_new_tokens. Optional: only
+        where llama_cpp is importable (`pip install llama-cpp-python` compiles llama.cpp).
 
 All methods run the same loaded model, so on CPU Hugging Face's too runs on the prepacked linear
 layers (packed_linear): the methods differ only in how they decode.
@@ -16,6 +19,8 @@ every call, and `rounds_from_trace` turns that into (drafted, accepted) per deco
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +33,9 @@ from ..sampling import SamplingParams
 
 OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lookup"
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "hf-generate", "hf-assisted", "hf-lookup"
-METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, HF_GENERATE, HF_ASSISTED, HF_LOOKUP)
+LLAMACPP = "llamacpp"
+METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP)
+LLAMACPP_INSTALL = "pip install llama-cpp-python (it compiles llama.cpp: a C++ compiler and cmake, a few minutes)"
 BASELINE_OF = {  # each speculative method's own plain decoding
     OURS_MODEL: OURS_BASELINE, OURS_LOOKUP: OURS_BASELINE, HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
 }
@@ -148,7 +155,58 @@ class HFMethod:
         return output[0, len(prompt_ids) :].tolist()
 
 
-def make_methods(names: list[str], models) -> list:
+class LlamaCppMethod:
+    """llama.cpp on the preset's GGUF file: plain greedy decoding of our prompt token ids.
+
+    The prompt is tokenized by our chat template (the same ids every method reads); the model's
+    cache is reset before each run, so it reads the whole prompt as the others do. Greedy is
+    temp 0 (llama.cpp's greedy sampler) with no repetition penalty, min-p, top-k or top-p.
+    It has no torch target to trace: every token counts as one plain round."""
+
+    target = None  # nothing for trace_forwards to hook
+
+    def __init__(self, gguf_path, tokenizer, target, threads: int | None = None, context_tokens: int = 4096) -> None:
+        from llama_cpp import Llama
+
+        self.name, self.gguf_path = LLAMACPP, gguf_path
+        self.llm = Llama(
+            model_path=str(gguf_path),
+            n_ctx=context_tokens,
+            n_batch=512,
+            n_threads=threads or os.cpu_count(),
+            verbose=False,
+        )
+        self._eos = eos_token_ids(tokenizer, target)  # the same ids the other methods stop at
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        if not params.greedy:
+            raise ValueError("llamacpp runs greedy only in this bench (--temperature 0)")
+        self.llm.reset()
+        out: list[int] = []
+        for token in self.llm.generate(
+            prompt_ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True
+        ):
+            if token in self._eos:
+                break
+            out.append(int(token))
+            if len(out) >= params.max_new_tokens:
+                break
+        return out
+
+
+def llamacpp_problem() -> str | None:
+    """Why the llamacpp method can't run here (one line), or None."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return f"llamacpp: llama-cpp-python is not installed ({LLAMACPP_INSTALL})"
+    return None
+
+
+def available_methods() -> tuple[str, ...]:
+    """METHODS that can run here: llamacpp only where llama_cpp is importable."""
+    return tuple(m for m in METHODS if m != LLAMACPP or llamacpp_problem() is None)
+
+
+def make_methods(names: list[str], models, threads: int | None = None) -> list:
     """Build the named methods from a LoadedModels (see loading.load_preset)."""
     methods = []
     for name in names:
@@ -156,13 +214,31 @@ def make_methods(names: list[str], models) -> list:
             methods.append(OursMethod(name, models.make_engine(drafter=_OURS_DRAFTER[name])))
         elif name in (HF_GENERATE, HF_ASSISTED, HF_LOOKUP):
             methods.append(HFMethod(name, models.target, models.tokenizer, models.draft))
+        elif name == LLAMACPP:
+            methods.append(LlamaCppMethod(_gguf_of(models), models.tokenizer, models.target, threads))
         else:
             raise ValueError(f"unknown method {name!r}; methods: {', '.join(METHODS)}")
     return methods
 
 
+def _gguf_of(models):
+    """The preset target's GGUF file (llamacpp needs one)."""
+    from ..presets.sources import gguf_file
+
+    problem = llamacpp_problem()
+    if problem:
+        raise ValueError(problem)
+    return gguf_file(models.preset.target)
+
+
 def timed_run(method, prompt_ids: list[int], params: SamplingParams) -> Run:
-    """Generate once under the wall clock, tracing the target's forwards."""
+    """Generate once under the wall clock, tracing the target's forwards (a method with no torch
+    target, llamacpp, decodes plainly: one round per token)."""
+    if method.target is None:
+        start = time.perf_counter()
+        token_ids = method.generate(prompt_ids, params)
+        wall_s = time.perf_counter() - start
+        return Run(method.name, token_ids, wall_s, [(0, 0)] * len(token_ids))
     with trace_forwards(method.target) as calls:
         start = time.perf_counter()
         token_ids = method.generate(prompt_ids, params)

@@ -272,6 +272,23 @@ def markdown(report: dict) -> str:
                 f"{c['lookup_ms']:.2f} |"
             )
         lines.append("")
+    if report.get("bandwidth"):
+        b = report["bandwidth"]
+        lines += [
+            "## Memory-bandwidth ceiling",
+            "",
+            f"A decoding step reads the target's weights once: {b['weight_bytes_per_step'] / 1e6:.0f} MB as loaded "
+            f"here. This machine reads {b['read_bandwidth_gbs']:.1f} GB/s ({b['bandwidth_source']}), so plain "
+            f"decoding can't pass {b['ceiling_tokens_per_s']:.0f} tokens/s. Share of that ceiling, overall "
+            "(above 100%: speculation reads the weights once for several tokens; a method that runs its "
+            "own copy of the weights, llamacpp, is measured against that copy's bytes):",
+            "",
+            "| method | tokens/s | share of ceiling |",
+            "|---|---|---|",
+            *(f"| {m} | {results[m][OVERALL]['tokens_per_second']:.1f} | {_pct(share)} |"
+              for m, share in b["share_of_ceiling"].items()),
+            "",
+        ]
     if report["targets"]:
         lines += ["## Targets (issue 5)", "", "| target | measured | needed | met |", "|---|---|---|---|"]
         for t in report["targets"]:

@@ -30,10 +30,20 @@ import sys
 import time
 from pathlib import Path
 
-from .methods import METHODS, NEEDS_DRAFT_MODEL, OURS_BASELINE, Run, make_methods, timed_run
+from .methods import (
+    LLAMACPP,
+    METHODS,
+    NEEDS_DRAFT_MODEL,
+    OURS_BASELINE,
+    Run,
+    available_methods,
+    llamacpp_problem,
+    make_methods,
+    timed_run,
+)
 from .questions import DEFAULT_QUESTIONS, Question, load_questions
 from ..cli import EXIT_ERROR, inform, run_guarded  # noqa: F401  (EXIT_ERROR: an exit code)
-from .machine import load_average
+from .machine import bandwidth_ceiling, gguf_bytes_per_step, load_average
 
 EXIT_MISMATCH = 1
 DEFAULT_OUT = "bench_out"  # git-ignored
@@ -60,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="at most N questions per family")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="timed runs per question and method (median kept)")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {','.join(METHODS)}")
+    p.add_argument("--methods", help=f"comma-separated, from {','.join(METHODS)} (default: all of them; "
+                   f"{LLAMACPP} only where llama-cpp-python is installed)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--seed", type=int, default=0, help="base seed of sampling runs (temperature > 0)")
     p.add_argument("--warmup-tokens", type=int, default=16,
@@ -75,7 +86,11 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     from ..presets.loading import load_preset
     from ..sampling import SamplingParams
 
-    methods = _methods(args.methods)
+    methods = _methods(args.methods) if args.methods else list(available_methods())
+    if not args.methods and LLAMACPP not in methods:
+        inform(f"{llamacpp_problem()}: not compared")
+    if LLAMACPP in methods and llamacpp_problem():
+        raise ValueError(llamacpp_problem())
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     if args.warmup_tokens < 0:
@@ -97,7 +112,7 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     started = time.perf_counter()
     models = load_preset(args.preset, args.config, load_draft=any(m in NEEDS_DRAFT_MODEL for m in methods))
     inform(f"preset: {models.preset.name}", *models.notes, models.describe())
-    bench_methods = make_methods(methods, models)
+    bench_methods = make_methods(methods, models, threads=args.threads)
     prompts = {
         q.question_id: chat_prompt_ids(models.tokenizer, [{"role": "user", "content": q.prompt}]) for q in questions
     }
@@ -111,6 +126,9 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     max_k = min(MAX_PROBED_DRAFT, max([1] + [d for rs in runs.values() for r in rs for d, _ in r.rounds]))
     costs = probe_all(models.target, draft, _representative_prompts(questions, prompts), max_k)
     summary = summarize(questions, runs, methods, params.greedy, costs)
+    overall = {m: per_family["overall"]["tokens_per_second"] for m, per_family in summary["results"].items()}
+    own = {m.name: gguf_bytes_per_step(m.gguf_path) for m in bench_methods if m.name == LLAMACPP}
+    bandwidth = bandwidth_ceiling(models.target, overall, own_weight_bytes=own)
     report = {
         "command": command,
         "preset": _preset_info(models),
@@ -134,6 +152,7 @@ def run(args: argparse.Namespace, command: str = "") -> int:
         },
         **summary,
         "step_costs": {family: c.as_dict() for family, c in costs.items()},
+        "bandwidth": bandwidth,
         "per_question": _per_question(questions, prompts, runs, methods, summary["identity"]),
     }
     write_json(out / "results.json", report)

@@ -24,6 +24,8 @@ AUTO = "auto"  # the reserved preset name that picks a preset for this machine
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("4bit", "8bit", "none")
 DRAFTERS = ("model", "prompt_lookup", "eagle", "hybrid", "none")
+CPU_WEIGHTS = ("fp32", "gguf")  # on CPU: dequantised fp32 (prepacked) | the GGUF's own 4-bit blocks
+GGUF_KINDS = ("gguf", "bundled")  # sources that are a GGUF file
 BUNDLED_PREFIX = "bundled:"
 _LOCAL_PREFIXES = ("/", "./", "../", "~")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -64,6 +66,7 @@ class Preset:
     gated: bool
     trust_remote_code: bool
     compile: bool | str  # true | false | "auto" (compiled static cache on CUDA, eager on CPU)
+    cpu_weights: str = "fp32"  # "fp32" | "gguf" (the target's GGUF blocks on int4 kernels, CPU only)
 
     @property
     def offline(self) -> bool:
@@ -107,8 +110,10 @@ _PRESET_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "gated": ((bool,), False),
     "trust_remote_code": ((bool,), False),
     "compile": ((bool, str), "auto"),
+    "cpu_weights": ((str,), "fp32"),
 }
-_CHOICES = {"dtype": DTYPES, "draft_quantization": QUANTIZATIONS, "drafter": DRAFTERS, "compile": ("auto",)}
+_CHOICES = {"dtype": DTYPES, "draft_quantization": QUANTIZATIONS, "drafter": DRAFTERS, "compile": ("auto",),
+            "cpu_weights": CPU_WEIGHTS}
 _TOP_KEYS = ("auto_fallback", "presets")
 
 
@@ -227,6 +232,11 @@ def _check_consistency(values: dict, where: str) -> None:
         raise ConfigError(f"{where}: key 'drafter' is 'hybrid' but the preset has neither an 'eagle' head nor a 'draft'")
     if values["draft_length"] < 1:
         raise ConfigError(f"{where}: key 'draft_length' must be >= 1, got {values['draft_length']}")
+    if values["cpu_weights"] == "gguf" and values["target"].kind not in GGUF_KINDS:
+        raise ConfigError(
+            f"{where}: key 'cpu_weights' is 'gguf' but the target is not a GGUF file or bundled model: "
+            "use cpu_weights: fp32"
+        )
     for key in ("memory_gb", "download_gb"):
         if values[key] < 0:
             raise ConfigError(f"{where}: key '{key}' must be >= 0, got {values[key]:g}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .config import AUTO, DRAFTERS, ModelSpec, Preset, PresetFile, load_config
+from ..int4_linear import gguf_weight_summary
 from ..packed_linear import has_packed_layers
 from .sources import (
     GATED,
@@ -26,6 +27,7 @@ from .sources import (
     UNREACHABLE,
     ResolvedSource,
     availability_problem,
+    gguf_file,
     hub_problem_message,
     resolve,
     resolve_head,
@@ -192,7 +194,12 @@ def _runner_argument(runner: Callable | None) -> dict:
 
 def _decode_path(runner: Callable | None, model=None) -> str:
     path = getattr(runner, "decode_path", "eager dynamic cache")
-    return f"{path}, prepacked weights" if model is not None and has_packed_layers(model) else path
+    if model is None:
+        return path
+    gguf = gguf_weight_summary(model)
+    if gguf:
+        path += f", {gguf} on int4 kernels"
+    return f"{path}, prepacked weights" if has_packed_layers(model) else path
 
 
 def load_preset(
@@ -202,6 +209,7 @@ def load_preset(
     load_draft: bool | None = True,
     compile: bool | str | None = None,
     load_eagle: bool | None = True,
+    cpu_weights: str | None = None,
 ) -> LoadedModels:
     """Load a preset by name ("auto" picks one for this machine; see models.yaml).
 
@@ -211,6 +219,8 @@ def load_preset(
     can't be loaded or doesn't fit the target leaves a note (and drafter "eagle" says why).
     compile: true | false | "auto" overrides the preset's `compile` key (None: the preset's);
     when on, both models' decoding steps are compiled here, before this returns.
+    cpu_weights: "fp32" | "gguf" overrides the preset's `cpu_weights` key (None: the preset's);
+    "gguf" runs a CPU target's linear layers on its GGUF file's own 4-bit blocks (int4_linear).
     Raises ConfigError for an invalid file and LoadError (one line) for everything that
     stops the models from loading.
     """
@@ -241,6 +251,10 @@ def load_preset(
         info.append(draft_info)
     target, target_info = _load_model(preset, "target", target_source, dtype, None, cuda)
     notes += _offload_notes(target)
+    weights = preset.cpu_weights if cpu_weights is None else cpu_weights
+    if weights == "gguf" and target.device.type == "cpu":  # before compiling: it changes the model
+        target_info, gguf_notes = _use_gguf_weights(preset.target, target, target_info)
+        notes += gguf_notes
     setting = preset.compile if compile is None else compile
     target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes)
     info = [target_info, *info]
@@ -328,6 +342,26 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
             notes.append(f"{role}: compiled {len(steps.step_sizes)} step shapes in {steps.warmup_s:.0f} s")
         runners.append(steps)
     return tuple(runners)
+
+
+def _use_gguf_weights(spec: ModelSpec, model, info: ModelInfo) -> tuple[ModelInfo, list[str]]:
+    """Run the target's linear layers on its GGUF file's 4-bit blocks (see int4_linear): the
+    updated ModelInfo, and one note where that can't be done here (fp32 weights run then)."""
+    from ..int4_linear import use_gguf_weights
+
+    with load_errors(spec.label):
+        path = gguf_file(spec)
+    started = time.perf_counter()
+    swap = use_gguf_weights(model, path)
+    if swap.problem or not swap.swapped:
+        why = swap.problem or "no Q4_0, Q4_1 or Q8_0 linear layers in the file"
+        return info, [f"target: fp32 weights, not the GGUF's 4-bit ones ({why})"]
+    reasons = sorted(set(swap.kept.values()))
+    notes = [f"target: {sum(w == why for w in swap.kept.values())} linear layers stay fp32 ({why})" for why in reasons]
+    kinds = "+".join(sorted(swap.swapped)).lower()
+    info = replace(info, quantization=f"gguf {kinds}", memory_bytes=model.get_memory_footprint(),
+                   load_s=info.load_s + time.perf_counter() - started)
+    return info, notes
 
 
 def _pack_for_cpu(role: str, model, info: list[ModelInfo]) -> list[str]:

@@ -75,6 +75,15 @@ def resolve_head(spec: ModelSpec) -> Path:
     raise LoadError(f"eagle: {spec.label}: an EAGLE head is a hub repo id or a local folder, not a {spec.kind} model")
 
 
+def gguf_file(spec: ModelSpec) -> Path:
+    """The GGUF file a gguf or bundled source reads (LoadError if there is none)."""
+    if spec.kind == "bundled":
+        return bundled_gguf(spec.location)
+    if spec.kind == "gguf" and Path(spec.location).is_file():
+        return Path(spec.location)
+    raise LoadError(f"{spec.label}: not a GGUF file, so it has no 4-bit blocks to run on")
+
+
 def availability_problem(spec: ModelSpec) -> str | None:
     """Why this model can't be loaded right now without waiting on the network (None: it can)."""
     if spec.kind == "hub":

@@ -1,0 +1,95 @@
+"""Step costs of the offline target on CPU: fp32 prepacked weights against the GGUF's own 4-bit
+blocks (`cpu_weights: fp32 | gguf`), measured alternately so both see the same machine.
+
+    python scripts/cpu_weights_costs.py --threads 2 --contexts 64,256,729 --sizes 1,5,9 --repeats 15
+
+Variants: fp32 (dequantised, prepacked: what `cpu_weights: fp32` loads), gguf (every Q4_1 layer
+and the Q8_0 head on the int4 kernel: what `cpu_weights: gguf` loads), gguf-fp32-head (the
+layers on int4, the head prepacked fp32). For each context length the cache is filled once
+per variant; then every repetition times one forward of each size for each variant, in
+rotating order, cropping back after each. Prints the median ms per (variant, context, size)
+and the load average before and after (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from specdec_core.bench.machine import load_average  # noqa: E402
+from specdec_core.int4_linear import use_gguf_weights  # noqa: E402
+from specdec_core.packed_linear import pack_linear_layers  # noqa: E402
+from specdec_core.presets.loading import load_preset  # noqa: E402
+from specdec_core.presets.sources import OFFLINE_PRESET, bundled_gguf  # noqa: E402
+from specdec_core.runner import CachedModel  # noqa: E402
+
+
+def variants() -> dict[str, torch.nn.Module]:
+    fp32 = load_preset(OFFLINE_PRESET, load_draft=False, cpu_weights="fp32")
+    gguf = load_preset(OFFLINE_PRESET, load_draft=False, cpu_weights="gguf")
+    from transformers import AutoModelForCausalLM
+
+    from specdec_core.presets.sources import gguf_folder
+
+    path = bundled_gguf("smollm2-135m-instruct")
+    mixed = AutoModelForCausalLM.from_pretrained(gguf_folder(path), dtype=torch.float32).eval()
+    use_gguf_weights(mixed, path, include_head=False)
+    pack_linear_layers(mixed)
+    for models in (fp32, gguf):
+        print(models.describe(), *models.notes, sep="\n", file=sys.stderr)
+    return {"fp32": fp32.target, "gguf": gguf.target, "gguf-fp32-head": mixed}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--contexts", default="64,256,729")
+    parser.add_argument("--sizes", default="1,5,9")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", help="also write the result as JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    models = variants()
+    load_before = load_average()
+    tokens = torch.randint(0, 49152, (max(contexts) + max(sizes),), generator=torch.Generator().manual_seed(0)).tolist()
+    result: dict = {"threads": args.threads, "repeats": args.repeats, "ms": {}}
+    with torch.inference_mode():
+        for context in contexts:
+            runners = {name: CachedModel(model) for name, model in models.items()}
+            for runner in runners.values():
+                runner.forward(tokens[:context], last_only=True)
+            times: dict[tuple[str, int], list[float]] = {(n, s): [] for n in runners for s in sizes}
+            names = list(runners)
+            for rep in range(args.repeats + 2):  # two untimed rounds first
+                order = names[rep % len(names):] + names[: rep % len(names)]
+                for name in order:
+                    for size in sizes:
+                        started = time.perf_counter()
+                        runners[name].forward(tokens[context : context + size])
+                        elapsed = (time.perf_counter() - started) * 1000
+                        runners[name].crop(context)
+                        if rep >= 2:
+                            times[(name, size)].append(elapsed)
+            for (name, size), values in times.items():
+                median = statistics.median(values)
+                result["ms"][f"{name} ctx={context} n={size}"] = round(median, 2)
+                print(f"{name:15s} context {context:4d} tokens {size}: {median:6.1f} ms", flush=True)
+    result["load_average"] = {"before": load_before, "after": load_average()}
+    print(f"load average before {load_before}, after {load_average()}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,319 @@
+"""Linear layers on CPU that run on a GGUF file's own 4-bit (and 8-bit) weights.
+
+A GGUF model such as the bundled SmolLM2-135M-Instruct (Q4_1) stores its linear layers in
+groups of 32 weights that share a scale (and, in Q4_1, a minimum). Dequantised to fp32 at
+load, a decoding step streams eight times the bytes the file holds; on a CPU the step is
+bound by exactly that. `use_gguf_weights(model, path)` swaps each `nn.Linear` whose GGUF tensor
+is Q4_0, Q4_1 or Q8_0 for an Int4Linear that keeps the file's groups of 32 and runs on torch's
+groupwise int4 CPU kernel (`aten._weight_int4pack_mm_for_cpu`), which computes, per group,
+
+    w = (q - 8) * scale + zero        q in 0..15, one (scale, zero) per 32 input features.
+
+GGUF's types map onto it as follows (d, m: the file's fp16 scale and minimum of a group):
+
+    Q4_0  w = d * (q - 8)      scale = d,  zero = 0
+    Q4_1  w = d * q + m        scale = d,  zero = m + 8 d
+    Q8_0  w = d * q, q int8    split into two 4-bit halves, q + 128 = 16 hi + lo:
+                               w = 16 d (hi - 8) + d (lo - 8) + 8 d, i.e. one int4 matmul over
+                               the input read twice (2K columns: hi groups, then lo groups)
+
+What changes numerically, against the fp32 weights transformers dequantises from the same file
+(measured in tests/test_int4_linear.py):
+  - scale and zero are held in bf16 (the kernel takes only bf16 here: fp32 and fp16 run a slow
+    reference path, 25-50x slower). bf16 keeps 8 of fp16's 11 significant bits, so d moves by up
+    to 2^-9 of itself, and Q4_1's zero (m + 8 d) by up to 2^-9 of the group's mid value:
+    about a tenth of Q4_1's own rounding step (d / 2).
+  - the input rows are rounded to bf16 for the kernel; it accumulates in fp32 and returns
+    bf16, which is cast back to the model's fp32.
+  - each row is computed alone: the output for a row is bitwise the same whether the call
+    carries 1 row or 9 (checked), so a verify step over drafts sees exactly what single steps
+    see and greedy speculation stays token-for-token identical to plain decoding.
+The model the user runs is then this 4-bit model; every method that decodes with it,
+baseline, speculative and Hugging Face's `generate()`, runs the same layers.
+
+Where the kernel is missing or disagrees with its reference here (other CPUs, other torch
+builds), `kernel_problem()` says why in one line and nothing is swapped: the fp32 weights run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+GROUP = 32  # weights per GGUF block of Q4_0 / Q4_1 / Q8_0, and the kernel's group size
+_INNER_K_TILES = 2  # a packing parameter of the GPU kernel; the CPU packing ignores its value
+_KERNEL_DTYPE = torch.bfloat16
+# decoding the file's blocks (before the bf16 rounding) must give transformers' fp32 weights
+# up to float32 rounding of m + 8d: a mismatch means a wrong tensor, layout or permutation
+_DECODE_RTOL, _DECODE_ATOL = 1e-6, 1e-7  # of the largest weight of the tensor
+HANDLED_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+_KERNEL_OPS = ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu")  # torch >= 2.6
+
+
+@dataclass(frozen=True)
+class Groups:
+    """A weight [N, K] as the kernel sees it: w = (q - 8) * scale + zero per group of GROUP
+    input features. For Q8_0, K is twice the layer's input width (see the module docstring)."""
+
+    q: torch.Tensor  # int32 [N, K], values 0..15
+    scale: torch.Tensor  # float32 [N, K / GROUP]
+    zero: torch.Tensor  # float32 [N, K / GROUP]
+    reads_input: int  # how many times the layer's input is concatenated: 1, or 2 for Q8_0
+
+    def dequantise(self) -> torch.Tensor:
+        """The fp32 weight [N, K / reads_input] these groups stand for (scale and zero unrounded)."""
+        rows, width = self.q.shape
+        grouped = self.q.view(rows, -1, GROUP).float().sub_(8).mul_(self.scale[..., None]).add_(self.zero[..., None])
+        return sum(grouped.view(rows, width).chunk(self.reads_input, dim=1))
+
+
+def decode_blocks(raw: np.ndarray, type_name: str) -> Groups:
+    """The groups of a GGUF tensor's raw rows (uint8 [N, bytes per row]) of type Q4_0/Q4_1/Q8_0."""
+    rows = raw.shape[0]
+    if type_name == "Q8_0":  # per block: fp16 d, 32 int8
+        blocks = raw.reshape(rows, -1, 2 + GROUP)
+        d = _fp16(blocks[..., :2])
+        q = blocks[..., 2:].copy().view(np.int8).astype(np.int32).reshape(rows, -1) + 128
+        hi, lo = torch.from_numpy(q >> 4), torch.from_numpy(q & 15)
+        return Groups(torch.cat([hi, lo], dim=1), torch.cat([16 * d, d], dim=1),
+                      torch.cat([torch.zeros_like(d), 8 * d], dim=1), reads_input=2)
+    if type_name == "Q4_0":  # per block: fp16 d, 16 bytes of nibbles
+        blocks = raw.reshape(rows, -1, 2 + GROUP // 2)
+        d = _fp16(blocks[..., :2])
+        return Groups(_nibbles(blocks[..., 2:]), d, torch.zeros_like(d), reads_input=1)
+    if type_name == "Q4_1":  # per block: fp16 d, fp16 m, 16 bytes of nibbles
+        blocks = raw.reshape(rows, -1, 4 + GROUP // 2)
+        d, m = _fp16(blocks[..., :2]), _fp16(blocks[..., 2:4])
+        return Groups(_nibbles(blocks[..., 4:]), d, m + 8 * d, reads_input=1)
+    raise ValueError(f"GGUF type {type_name} is not handled (handled: {', '.join(HANDLED_TYPES)})")
+
+
+def _fp16(pairs: np.ndarray) -> torch.Tensor:
+    """uint8 [..., 2] little-endian fp16 -> float32 [...] (exact)."""
+    return torch.from_numpy(np.ascontiguousarray(pairs).view(np.float16)[..., 0].astype(np.float32))
+
+
+def _nibbles(packed: np.ndarray) -> torch.Tensor:
+    """uint8 [N, blocks, 16] -> int32 [N, blocks * 32]: GGUF puts weight j of a block in the low
+    nibble of byte j and weight j + 16 in its high nibble."""
+    low, high = packed & 15, packed >> 4
+    return torch.from_numpy(np.concatenate([low, high], axis=-1).astype(np.int32).reshape(packed.shape[0], -1))
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T (+ bias) with W held as groupwise int4 (see Groups), on torch's CPU kernel.
+
+    forward: x [..., in_features] (any float dtype) -> [..., out_features] in x's dtype."""
+
+    def __init__(self, groups: Groups, bias: torch.Tensor | None = None, gguf_type: str = "") -> None:
+        super().__init__()
+        self.out_features, width = groups.q.shape
+        self.in_features = width // groups.reads_input
+        self.reads_input, self.gguf_type = groups.reads_input, gguf_type
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.q, _INNER_K_TILES))
+        # [K / GROUP, N, 2]: the kernel's layout of scales and zeros
+        scales_and_zeros = torch.stack([groups.scale.T, groups.zero.T], dim=-1).to(_KERNEL_DTYPE).contiguous()
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
+        if self.reads_input > 1:
+            rows = rows.repeat(1, self.reads_input)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, gguf={self.gguf_type}"
+
+
+@dataclass(frozen=True)
+class Swap:
+    """What use_gguf_weights did: counts per GGUF type, layers left in fp32 and why, or why nothing."""
+
+    swapped: dict[str, int]  # GGUF type -> number of layers now on the int4 kernel
+    kept: dict[str, str]  # module name -> why it stays fp32 (another GGUF type, a mismatch)
+    problem: str | None = None  # why nothing was swapped (kernel missing, unreadable file)
+
+    @property
+    def summary(self) -> str:
+        """e.g. "GGUF Q4_1 x210, Q8_0 x1" (empty when nothing was swapped)."""
+        return "GGUF " + ", ".join(f"{t} x{n}" for t, n in sorted(self.swapped.items())) if self.swapped else ""
+
+
+def use_gguf_weights(model: nn.Module, gguf_path: str | Path, *, include_head: bool = True) -> Swap:
+    """Swap, in place, every nn.Linear of a CPU model loaded from `gguf_path` whose GGUF tensor is
+    Q4_0, Q4_1 or Q8_0 for an Int4Linear built from the file's own blocks.
+
+    Each tensor's rows get the permutation transformers applies when it dequantises the file
+    (llama.cpp reorders q/k rows for its rope), and each swapped layer's decoded weights are
+    checked against the model's fp32 ones first: a layer that doesn't match stays fp32 (named
+    in Swap.kept). A tied output embedding uses the input embedding's tensor; the embedding
+    itself stays fp32 (a lookup reads one row per token). include_head=False keeps it fp32.
+    """
+    problem = kernel_problem()
+    if problem:
+        return Swap({}, {}, problem)
+    try:
+        tensors = _gguf_tensors_by_parameter(model, Path(gguf_path))
+    except (OSError, ValueError, KeyError, NotImplementedError) as error:
+        return Swap({}, {}, f"could not read {Path(gguf_path).name}: {_first_line(error)}")
+    swapped: dict[str, int] = {}
+    kept: dict[str, str] = {}
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for module_name, module in list(model.named_modules()):
+        if not _swappable(module) or (module is head and not include_head):
+            continue
+        found = tensors.get(f"{module_name}.weight")
+        if found is None:
+            continue
+        type_name, rows = found
+        if type_name not in HANDLED_TYPES:
+            kept[module_name] = f"GGUF type {type_name}"
+            continue
+        groups = decode_blocks(rows, type_name)
+        if not _agrees(groups.dequantise(), module.weight.detach()):
+            kept[module_name] = "its GGUF tensor does not match the loaded weights"
+            continue
+        layer = Int4Linear(groups, module.bias, gguf_type=type_name)
+        if module is head:
+            layer.weight = module.weight  # code reads the head's weight (tied: the embedding's)
+        _replace(model, module_name, layer)
+        swapped[type_name] = swapped.get(type_name, 0) + 1
+    return Swap(swapped, kept)
+
+
+def gguf_weight_summary(model: nn.Module) -> str:
+    """"GGUF Q4_1 x210, Q8_0 x1" for a model with Int4Linear layers, "" without."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, Int4Linear):
+            counts[module.gguf_type] = counts.get(module.gguf_type, 0) + 1
+    return Swap(counts, {}).summary
+
+
+def _agrees(decoded: torch.Tensor, loaded: torch.Tensor) -> bool:
+    """Decoded blocks == transformers' fp32 weights, up to float32 rounding (one pass, no copies
+    beyond the difference: allclose over 100M weights took 17 s here)."""
+    if decoded.shape != loaded.shape:
+        return False
+    difference = decoded.sub_(loaded).abs_().amax().item()
+    return difference <= _DECODE_ATOL + _DECODE_RTOL * loaded.abs().amax().item()
+
+
+def _swappable(module: nn.Module) -> bool:
+    if type(module) is not nn.Linear:  # exactly: subclasses are quantized or otherwise special
+        return False
+    return module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
+
+
+def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+
+
+def _gguf_tensors_by_parameter(model: nn.Module, path: Path) -> dict[str, tuple[str, np.ndarray]]:
+    """model parameter name -> (GGUF type name, raw rows uint8 [N, bytes per row]) with the
+    row permutation transformers applies when it dequantises (found by passing it row numbers)."""
+    from gguf import MODEL_ARCH_NAMES, GGUFReader, get_tensor_name_map
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    reader = GGUFReader(str(path))
+    architecture = _field_text(reader, "general.architecture")
+    config = model.config
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(
+        config={"num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads}
+    )
+    arch = next((key for key, name in MODEL_ARCH_NAMES.items() if name == architecture), None)
+    if arch is None:
+        raise ValueError(f"gguf {gguf_version()} does not know the architecture {architecture!r}")
+    # gguf's own HF -> GGUF name table, as transformers uses it (built once here: transformers
+    # rebuilds it for every submodule, 4 s for this model)
+    names = get_tensor_name_map(arch, config.num_hidden_layers)
+    to_parameter = {}
+    for parameter in model.state_dict():
+        stem, _, suffix = parameter.rpartition(".")
+        gguf_name = names.get_name(stem)
+        if gguf_name is not None:
+            to_parameter[f"{gguf_name}.{suffix}"] = parameter
+    found = {}
+    for tensor in reader.tensors:
+        parameter = to_parameter.get(tensor.name)
+        raw = np.asarray(tensor.data)
+        if parameter is None or raw.ndim != 2:
+            continue
+        order = processor.process(weights=np.arange(raw.shape[0]).reshape(-1, 1), name=tensor.name).weights
+        found[parameter] = (tensor.tensor_type.name, raw[order.reshape(-1)])
+    tied = _tied_head_name(model)
+    if tied is not None and tied[0] not in found and tied[1] in found:
+        found[tied[0]] = found[tied[1]]
+    return found
+
+
+def _tied_head_name(model: nn.Module) -> tuple[str, str] | None:
+    """(head weight name, input embedding weight name) when the two share one tensor."""
+    if not (hasattr(model, "get_output_embeddings") and hasattr(model, "get_input_embeddings")):
+        return None
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or embedding is None or head.weight is not embedding.weight:
+        return None
+    names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+    return f"{names[id(head)]}.weight", f"{names[id(embedding)]}.weight"
+
+
+def gguf_version() -> str:
+    from importlib.metadata import version
+
+    return version("gguf")
+
+
+def _field_text(reader, key: str) -> str:
+    field = reader.fields[key]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+@cache
+def kernel_problem() -> str | None:
+    """Why torch's int4 CPU kernel can't serve here, or None: its ops must exist, run, agree with
+    a dequantised reference on a small random layer, and give each row alone what it gives in
+    a batch of rows."""
+    if not all(hasattr(torch.ops.aten, op) for op in _KERNEL_OPS):
+        return f"torch {torch.__version__} has no int4 CPU kernel (aten.{', aten.'.join(_KERNEL_OPS)})"
+    generator = torch.Generator().manual_seed(0)  # its own: loading must not move the global seed
+    n, k = 48, 2 * GROUP
+    groups = Groups(
+        torch.randint(0, 16, (n, k), generator=generator, dtype=torch.int32),
+        torch.rand(n, k // GROUP, generator=generator) / 8,
+        torch.randn(n, k // GROUP, generator=generator) / 8,
+        reads_input=1,
+    )
+    rows = torch.randn(3, k, generator=generator)
+    try:
+        layer = Int4Linear(groups)
+        out = layer(rows)
+        alone = torch.cat([layer(rows[i : i + 1]) for i in range(len(rows))])
+    except (RuntimeError, AttributeError, NotImplementedError) as error:
+        return f"torch's int4 CPU kernel failed here ({_first_line(error)})"
+    reference = rows.bfloat16().float() @ _rounded(groups).T
+    if out.shape != reference.shape or not torch.allclose(out, reference, rtol=2e-2, atol=2e-2):
+        return "torch's int4 CPU kernel disagrees with its reference here"
+    if not torch.equal(out, alone):
+        return "torch's int4 CPU kernel gives a row in a batch other values than alone"
+    return None
+
+
+def _rounded(groups: Groups) -> torch.Tensor:
+    """The weight the kernel uses: scale and zero rounded to bf16."""
+    rounded = Groups(groups.q, groups.scale.bfloat16().float(), groups.zero.bfloat16().float(), groups.reads_input)
+    return rounded.dequantise()

