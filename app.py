@@ -39,7 +39,7 @@ log = logging.getLogger("specdec.app")
 AUTH_ENV = "SPECDEC_AUTH"
 DEVICE = "device"  # one concurrency group: loading and generating share the device
 UPDATE_INTERVAL_S = 0.05  # stream at most ~20 updates a second so the browser keeps up
-DRAFTERS = [("draft model", "model"), ("prompt lookup", "prompt_lookup")]
+DRAFTERS = [("draft model", "model"), ("prompt lookup", "prompt_lookup"), ("EAGLE head", "eagle"), ("hybrid", "hybrid")]
 
 OOM_HELP = ("Out of memory: lower 'max new tokens', press Clear to shorten the conversation, "
             "or pick a smaller preset (or one with a 4-bit draft).")
@@ -326,8 +326,8 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
 
 
 def _menu_drafter(drafter: str | None) -> str:
-    """The drafter menu shows model or prompt lookup; a preset default of none shows prompt lookup."""
-    return drafter if drafter in ("model", "prompt_lookup") else "prompt_lookup"
+    """The drafter menu shows the menu's drafters; a preset default of none shows prompt lookup."""
+    return drafter if drafter in dict((v, k) for k, v in DRAFTERS) else "prompt_lookup"
 
 
 def _models_text(holder: ModelHolder) -> str:
@@ -349,7 +349,7 @@ def _preset_controls(models: LoadedModels) -> tuple:
     """The models panel, and the controls reset to the loaded preset's defaults."""
     preset = models.preset
     drafter = _menu_drafter(preset.drafter)
-    if drafter == "model" and models.draft is None:
+    if (drafter == "model" and models.draft is None) or (drafter == "eagle" and models.eagle_head is None):
         drafter = "prompt_lookup"
     return (_describe(models), preset.name, drafter, preset.draft_length, preset.adaptive)
 

@@ -42,6 +42,7 @@ presets:
     description: tiny random Llama drafted by a slightly perturbed copy
     target: ./target
     draft: ./draft
+    eagle: ./eagle
     drafter: prompt_lookup
     draft_length: 4
     memory_gb: 0.1
@@ -63,7 +64,8 @@ def tiny_app_config(tmp_path_factory, smol_tokenizer):
     """A models.yaml for the app tests, whose presets load tiny models saved with save_pretrained.
 
     They go through exactly the loading path of real local models. Presets: `tiny` (target and
-    draft), `tiny-nodraft` (no draft model) and `broken` (a missing folder).
+    draft and a random EAGLE-3 head), `tiny-nodraft` (no draft model, no head) and `broken` (a
+    missing folder).
     """
     from tests.tiny_models import perturbed_copy, tiny_llama
 
@@ -75,6 +77,9 @@ def tiny_app_config(tmp_path_factory, smol_tokenizer):
     for name, model in (("target", target), ("draft", draft)):
         model.save_pretrained(folder / name)
         smol_tokenizer.save_pretrained(folder / name)
+    from specdec_core.drafters import Eagle3Head
+
+    Eagle3Head.random(target.config, draft_vocab_size=2048, seed=1).save(folder / "eagle")  # a random EAGLE-3 head
     config = folder / "models.yaml"
     config.write_text(TINY_APP_PRESETS)
     return config

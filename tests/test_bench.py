@@ -217,7 +217,7 @@ def test_llamacpp_is_a_method_only_where_llama_cpp_is_importable(tiny_app_config
 def test_small_run_greedy_outputs_equal_the_baseline(tiny_run):
     code, out = tiny_run
     report = json.loads((out / "results.json").read_text())
-    for method in ("ours-baseline", "ours-model", "ours-lookup", "hf-generate"):
+    for method in ("ours-baseline", "ours-model", "ours-lookup", "ours-eagle", "ours-hybrid", "hf-generate"):
         assert report["identity"][method]["share"] == 1.0, method
     assert report["results"]["ours-baseline"]["overall"]["speedup_vs_ours_baseline"] == pytest.approx(1.0)
 

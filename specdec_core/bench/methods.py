@@ -1,7 +1,7 @@
 """The decoding methods the benchmark compares, timed alike and traced alike.
 
-ours-*  SpeculativeEngine with drafter none / model / prompt_lookup (the preset's draft length
-        and adaptivity).
+ours-*  SpeculativeEngine with drafter none / model / prompt_lookup / eagle / hybrid (the
+        preset's draft length and adaptivity).
 hf-*    Hugging Face `generate()`: plain greedy, assisted generation with the preset's draft as
         `assistant_model`, and prompt lookup (`prompt_lookup_num_tokens=10`).
 llamacpp  llama.cpp (llama-cpp-python) decoding the preset's GGUF file plainly and greedily: the
@@ -32,16 +32,21 @@ from ..engine import eos_token_ids
 from ..sampling import SamplingParams
 
 OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lookup"
+OURS_EAGLE, OURS_HYBRID = "ours-eagle", "ours-hybrid"
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "hf-generate", "hf-assisted", "hf-lookup"
 LLAMACPP = "llamacpp"
-METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP)
+METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, OURS_EAGLE, OURS_HYBRID, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP)
+NEEDS_EAGLE_HEAD = (OURS_EAGLE, OURS_HYBRID)  # left out of the default methods when the preset has none
 LLAMACPP_INSTALL = "pip install llama-cpp-python (it compiles llama.cpp: a C++ compiler and cmake, a few minutes)"
 BASELINE_OF = {  # each speculative method's own plain decoding
-    OURS_MODEL: OURS_BASELINE, OURS_LOOKUP: OURS_BASELINE, HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
+    OURS_MODEL: OURS_BASELINE, OURS_LOOKUP: OURS_BASELINE, OURS_EAGLE: OURS_BASELINE, OURS_HYBRID: OURS_BASELINE,
+    HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
 }
 NEEDS_DRAFT_MODEL = (OURS_MODEL, HF_ASSISTED)
 HF_LOOKUP_TOKENS = 10  # what HF's docs suggest and users copy
-_OURS_DRAFTER = {OURS_BASELINE: "none", OURS_MODEL: "model", OURS_LOOKUP: "prompt_lookup"}
+_OURS_DRAFTER = {
+    OURS_BASELINE: "none", OURS_MODEL: "model", OURS_LOOKUP: "prompt_lookup", OURS_EAGLE: "eagle", OURS_HYBRID: "hybrid",
+}
 
 
 @dataclass

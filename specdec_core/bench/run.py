@@ -2,7 +2,7 @@
 
     python -m specdec_core.bench --preset NAME [--config PATH] [--questions PATH]
         [--categories a,b] [--limit N] [--max-new-tokens N] [--repeats N]
-        [--methods ours-baseline,ours-model,ours-lookup,hf-generate,hf-assisted,hf-lookup]
+        [--methods ours-baseline,ours-model,ours-lookup,ours-eagle,ours-hybrid,hf-generate,hf-assisted,hf-lookup]
         [--temperature T] [--out DIR]
 
 Flags and outputs are a contract (issue 5). Every method gets the same chat-template prompt and
@@ -34,6 +34,7 @@ from .methods import (
     LLAMACPP,
     METHODS,
     NEEDS_DRAFT_MODEL,
+    NEEDS_EAGLE_HEAD,
     OURS_BASELINE,
     Run,
     available_methods,
@@ -71,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="timed runs per question and method (median kept)")
     p.add_argument("--methods", help=f"comma-separated, from {','.join(METHODS)} (default: all of them; "
-                   f"{LLAMACPP} only where llama-cpp-python is installed)")
+                   f"{LLAMACPP} only where llama-cpp-python is installed, ours-eagle and ours-hybrid only "
+                   "when the preset's EAGLE head loads)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--seed", type=int, default=0, help="base seed of sampling runs (temperature > 0)")
     p.add_argument("--warmup-tokens", type=int, default=16,
@@ -112,6 +114,9 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     started = time.perf_counter()
     models = load_preset(args.preset, args.config, load_draft=any(m in NEEDS_DRAFT_MODEL for m in methods))
     inform(f"preset: {models.preset.name}", *models.notes, models.describe())
+    if args.methods is None and models.eagle_head is None:
+        methods = [m for m in methods if m not in NEEDS_EAGLE_HEAD]
+        inform(f"no EAGLE head loaded: leaving out {', '.join(NEEDS_EAGLE_HEAD)}")
     bench_methods = make_methods(methods, models, threads=args.threads)
     prompts = {
         q.question_id: chat_prompt_ids(models.tokenizer, [{"role": "user", "content": q.prompt}]) for q in questions
