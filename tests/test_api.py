@@ -276,10 +276,13 @@ def test_a_model_that_cannot_load_is_a_503_with_the_loaders_line(client):
     assert ask(client, max_tokens=2).usage.completion_tokens == 2  # and the next request loads tiny again
 
 
-def test_the_model_drafter_on_a_preset_without_one_is_a_400(client):
-    with pytest.raises(openai.BadRequestError, match="has no draft model"):
+def test_a_drafter_the_preset_cannot_run_is_a_400(client):
+    with pytest.raises(openai.BadRequestError, match="has no draft model") as caught:
         client.chat.completions.create(model="tiny-nodraft", messages=[{"role": "user", "content": "hi"}],
                                        extra_body={"speculative": {"drafter": "model"}})
+    assert caught.value.body["param"] == "speculative.drafter"
+    with pytest.raises(openai.BadRequestError, match="EAGLE|eagle"):
+        ask(client, extra_body={"speculative": {"drafter": "eagle"}})
 
 
 def test_beyond_16_waiting_is_a_429(server, client):
