@@ -111,7 +111,7 @@ class Eagle3Head(nn.Module):
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """[..., 3 * H_target] target features -> [..., H] hidden for the first draft step."""
-        return self.fc(features.to(self.fc.weight.dtype))
+        return self.fc(features.to(self.dtype))
 
     def forward(
         self,
@@ -133,8 +133,7 @@ class Eagle3Head(nn.Module):
             position_ids = torch.arange(past, past + n, device=embeds.device)[None]
         if attention_mask is None:
             attention_mask = causal_mask(n, past, embeds.device)
-        dtype = self.fc.weight.dtype
-        embeds, hidden = embeds.to(dtype), hidden.to(dtype)
+        embeds, hidden = embeds.to(self.dtype), hidden.to(self.dtype)
         position_embeddings = self.rotary_emb(hidden, position_ids)
         return self.midlayer(embeds, hidden, position_embeddings, attention_mask, cache)
 
@@ -161,6 +160,14 @@ class Eagle3Head(nn.Module):
         self.d2t.copy_(ids - torch.arange(len(ids)))
         self.t2d.zero_()
         self.t2d[ids] = True
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype  # a norm: never swapped for a prepacked linear layer
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
 
     @property
     def parameter_count(self) -> int:
@@ -212,7 +219,7 @@ class Eagle3Head(nn.Module):
                 tensor = tensor.to(dtype)
             tensors[name] = tensor.detach().cpu().contiguous()
         save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
-        saved_dtype = dtype or self.fc.weight.dtype
+        saved_dtype = dtype or self.dtype
         (folder / "config.json").write_text(json.dumps(self.config_dict(saved_dtype), indent=2) + "\n")
         return folder
 

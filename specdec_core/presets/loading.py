@@ -297,15 +297,16 @@ def _load_eagle_head(preset: Preset, target, tokenizer):
         folder = resolve_head(spec)
     head = Eagle3Head.load(folder, num_target_layers=target.config.get_text_config().num_hidden_layers)
     EagleDrafter(head, source=spec.label).bind(target, tokenizer)  # checks the fit; moves it
+    parameters = head.parameter_count
     memory = sum(t.numel() * t.element_size() for t in [*head.parameters(), *head.buffers()])
     layers = ", ".join(str(i) for i in head.layer_ids)
     info = ModelInfo(
         role="eagle head",
         name=spec.label,
-        parameters=head.parameter_count,
+        parameters=parameters,
         memory_bytes=memory,
-        device=str(head.fc.weight.device),
-        dtype=str(head.fc.weight.dtype).removeprefix("torch."),
+        device=str(head.device),
+        dtype=str(head.dtype).removeprefix("torch."),
         quantization="none",
         load_s=time.perf_counter() - started,
         detail=f"draft vocabulary {head.draft_vocab_size:,} of {head.config.vocab_size:,} tokens, reads target layers {layers}",
