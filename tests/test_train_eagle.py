@@ -180,3 +180,17 @@ def test_the_training_time_test_computes_what_drafting_step_by_step_computes():
             for step in range(2, steps + 1):
                 hidden = head(embed(ids[:, t + step : t + step + 1]), hidden, cache=cache)
                 torch.testing.assert_close(hidden[0, 0], outputs[step - 1][0, t], rtol=1e-5, atol=1e-5)
+
+
+def test_the_trained_head_drafts_in_the_engine_and_the_output_stays_the_targets(data_work, tiny_config, smol_tokenizer):
+    from specdec_core import EagleDrafter, SamplingParams, SpeculativeEngine
+    from specdec_core.presets.loading import load_preset
+
+    target = load_preset("tiny-train", str(tiny_config), load_draft=False).target
+    prompt = smol_tokenizer("The trained head drafts here")["input_ids"]
+    params = SamplingParams(max_new_tokens=16)
+    plain = SpeculativeEngine(target, smol_tokenizer, drafter=None).generate(prompt, params)
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=EagleDrafter.from_pretrained(data_work), draft_length=3, adaptive=False)
+    result = engine.generate(prompt, params)
+    assert result.token_ids == plain.token_ids
+    assert result.stats.drafted_tokens > 0
