@@ -31,3 +31,24 @@ def test_prompt_lookup_equals_baseline_and_hf(smollm2, message):
 
     hf = model.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False)[0, len(prompt):]
     assert baseline.token_ids == hf.tolist()
+
+
+def test_eagle_and_hybrid_on_the_real_model_equal_the_baseline(smollm2):
+    """A random EAGLE-3 head of SmolLM2-135M's shape (its first 8192 token ids) on the real
+    target: the features of layers 2, 15 and 27 flow, it drafts, and greedy output is unchanged."""
+    from specdec_core import EagleDrafter, HybridDrafter
+    from specdec_core.drafters import Eagle3Head
+
+    model, tokenizer = smollm2
+    head = Eagle3Head.random(model.config, draft_vocab_size=8192)
+    assert head.layer_ids == (2, 15, 27) and 9e6 < head.parameter_count < 11e6
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": CHATS[1]}], add_generation_prompt=True, return_dict=True
+    )["input_ids"]
+    params = SamplingParams(max_new_tokens=32)
+    baseline = SpeculativeEngine(model, tokenizer).generate(prompt, params).token_ids
+    for drafter in (EagleDrafter(head), HybridDrafter(EagleDrafter(head))):
+        result = SpeculativeEngine(model, tokenizer, drafter=drafter, draft_length=3, adaptive=False).generate(
+            prompt, params)
+        assert result.token_ids == baseline, drafter.name
+        assert result.stats.drafted_tokens > 0
