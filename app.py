@@ -25,6 +25,7 @@ import gradio as gr
 import torch
 
 import app_render as R
+import app_speedup as S
 from specdec_core import SamplingParams
 from specdec_core.chat import chat_prompt_ids
 from specdec_core.presets.config import ConfigError, load_presets
@@ -39,6 +40,9 @@ log = logging.getLogger("specdec.app")
 AUTH_ENV = "SPECDEC_AUTH"
 DEVICE = "device"  # one concurrency group: loading and generating share the device
 UPDATE_INTERVAL_S = 0.05  # stream at most ~20 updates a second so the browser keeps up
+RACE_INTERVAL_S = 0.25  # the race chart redraws at most 4 times a second: drawing costs the browser more
+CALIBRATION_PROMPT = "Count from one to thirty, in words."
+CALIBRATION_TOKENS = 24  # a short plain reply at load: a measured rate before any baseline is run
 DRAFTERS = [("draft model", "model"), ("prompt lookup", "prompt_lookup"), ("EAGLE head", "eagle"), ("hybrid", "hybrid")]
 
 OOM_HELP = ("Out of memory: lower 'max new tokens', press Clear to shorten the conversation, "
@@ -129,6 +133,18 @@ class View(NamedTuple):
     plot: object
     speedup: str
     models: str
+    live: object = gr.skip()  # #speedup-live
+    race: object = gr.skip()  # #race-chart
+    history: object = gr.skip()  # #history (only at a reply's end)
+    history_csv: object = gr.skip()  # its CSV download
+
+
+@dataclass(frozen=True)
+class Meter:
+    """What a reply measures into: the server's plain rates and the session's history."""
+
+    book: S.BaselineBook
+    log: S.ReplyHistory
 
 
 class UserError(Exception):
@@ -139,19 +155,21 @@ class UserError(Exception):
 
 
 def stream_reply(engine, prompt_ids: list[int], params: SamplingParams,
-                 stop: threading.Event) -> Iterator[tuple[str, str, dict, list[int]]]:
-    """Run one reply; yield (text, html, stats, token_ids) every UPDATE_INTERVAL_S and at the end.
+                 stop: threading.Event) -> Iterator[tuple[str, str, dict, list[int], list[str]]]:
+    """Run one reply; yield (text, html, stats, token_ids, sources) every UPDATE_INTERVAL_S and at
+    the end.
 
     A set `stop` ends it after the current token, with no final update. Ending or closing this
     generator (Stop, a dropped connection) closes the engine's stream, which stops the
     computation and frees its caches at once instead of at garbage collection.
     """
     stream = engine.stream(prompt_ids, params)
-    text, spans, token_ids = [], [], []
+    text, spans, token_ids, sources = [], [], [], []
     last_update = 0.0
     try:
         for event in stream:
             token_ids.append(event.token_id)
+            sources.append(event.source)
             if event.text:
                 text.append(event.text)
                 spans.append(R.token_span(event.text, event.source))
@@ -159,8 +177,8 @@ def stream_reply(engine, prompt_ids: list[int], params: SamplingParams,
                 return
             if time.monotonic() - last_update >= UPDATE_INTERVAL_S:
                 last_update = time.monotonic()
-                yield "".join(text), "".join(spans), engine.stats.as_dict(), token_ids
-        yield "".join(text), "".join(spans), engine.stats.as_dict(), token_ids
+                yield "".join(text), "".join(spans), engine.stats.as_dict(), token_ids, sources
+        yield "".join(text), "".join(spans), engine.stats.as_dict(), token_ids, sources
     finally:
         stream.close()
 
@@ -216,9 +234,9 @@ def build_ui(preset: str = "auto", config_path: str | None = None, max_new_token
 def _layout(presets: dict, preset: str, max_new_tokens: int) -> SimpleNamespace:
     """Place the components (inside a gr.Blocks); returns them by name."""
     start = presets.get(preset)
-    ui = SimpleNamespace(turns=gr.State([]))
+    ui = SimpleNamespace(turns=gr.State([]), history_log=gr.State(S.ReplyHistory()))
     gr.Markdown("# Speculative decoding chat\nEach reply token is coloured by where it came from.")
-    gr.HTML(R.legend_html(), elem_id="legend")
+    gr.HTML(R.legend_html(), elem_id="legend", head=S.RACE_DASHED_CSS)
     with gr.Row():
         with gr.Column(scale=3):
             with gr.Row():
@@ -238,11 +256,19 @@ def _layout(presets: dict, preset: str, max_new_tokens: int) -> SimpleNamespace:
                 ui.compare = gr.Checkbox(False, label="Side by side: baseline, then speculative",
                                          elem_id="compare")
         with gr.Column(scale=2, elem_id="stats"):
+            ui.live = gr.Markdown(S.live_markdown(None, None, None, 0.0), elem_id="speedup-live")
+            ui.race = gr.LinePlot(S.race_frame([]), x="seconds", y="tokens", color="run",
+                                  color_map=S.RACE_COLOURS, title="Race: tokens against seconds",
+                                  x_title="seconds of engine time", y_title="tokens", height=220,
+                                  elem_id="race-chart")
             ui.stats = gr.Markdown(R.stats_markdown(None, "speculative"), elem_id="stats-text")
             ui.plot = gr.BarPlot(R.acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
                                  title="Acceptance by draft position", x_title="draft position",
                                  y_title="accepted share", height=220, elem_id="acceptance-plot")
             ui.models = gr.Markdown(R.models_markdown(None), elem_id="models")
+    with gr.Accordion("This session's replies", open=True):
+        ui.history = gr.Dataframe(S.history_frame([]), elem_id="history", interactive=False, wrap=True)
+        ui.history_csv = gr.DownloadButton("Download the history as CSV", elem_id="history-csv", size="sm")
     with gr.Accordion("Settings", open=True):
         with gr.Row():
             ui.preset = gr.Dropdown(_preset_choices(presets), value=preset, label="Preset", elem_id="preset")
@@ -267,23 +293,26 @@ def _layout(presets: dict, preset: str, max_new_tokens: int) -> SimpleNamespace:
 def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: StopRequests, preset: str) -> None:
     """Connect the events. Everything that uses the device shares one concurrency group."""
     controls = [getattr(ui, name) for name in Settings.__dataclass_fields__]  # Settings' order
-    outputs = [ui.msg, ui.chat, ui.chat_baseline, ui.turns, ui.stats, ui.plot, ui.speedup, ui.models]
+    outputs = [ui.msg, ui.chat, ui.chat_baseline, ui.turns, ui.stats, ui.plot, ui.speedup, ui.models,
+               ui.live, ui.race, ui.history, ui.history_csv]
+    book = S.BaselineBook()  # every session's measured plain rates: one machine, one set of models
 
-    def respond(request: gr.Request, message: str, history: list, *values):
+    def respond(request: gr.Request, message: str, history: list, log: S.ReplyHistory, *values):
         settings = Settings(*values)
         if not (message or "").strip():
             raise gr.Error("Empty message: type something in the box, then press Send.")
         session = request.session_hash or ""
         run = stops.begin(session)
         try:
-            yield from _guarded(message, history, lambda: _chat(holder, message, history, settings, run.stop))
+            meter = Meter(book, log)
+            yield from _guarded(message, history, lambda: _chat(holder, message, history, settings, run.stop, meter))
         finally:
             stops.end(session, run)
 
-    def retry_last(request: gr.Request, history: list, *values):
+    def retry_last(request: gr.Request, history: list, log: S.ReplyHistory, *values):
         if not history:
             raise gr.Error("Nothing to retry yet: send a message first.")
-        yield from respond(request, history[-1]["user"], history[:-1], *values)
+        yield from respond(request, history[-1]["user"], history[:-1], log, *values)
 
     def stop_reply(request: gr.Request, panel: str) -> str:
         stops.request(request.session_hash or "")
@@ -292,12 +321,14 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
     def clear_all(request: gr.Request):
         stops.request(request.session_hash or "")  # a running reply must not refill the cleared chat
         return View("", [], [], [], R.stats_markdown(None, "speculative"), R.acceptance_frame(None),
-                    R.speedup_markdown(None, None, None), _models_text(holder))
+                    R.speedup_markdown(None, None, None), _models_text(holder),
+                    S.live_markdown(None, None, None, 0.0), S.race_frame([]))
 
     def change_preset(name: str, progress=gr.Progress()):
         progress(0, desc=f"Loading preset {name}…")
         try:
-            models = holder.get(name)
+            with holder.using(name) as models:  # what holder.get does, plus the calibration
+                holder.on_device(calibrate, models, book)
         except (UserError, LoadError, DeviceBusy, ConfigError) as error:
             raise gr.Error(str(error)) from None
         except Exception as error:  # noqa: BLE001 - anything else still must not kill the UI
@@ -310,9 +341,12 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
         return change_preset(preset if holder.models is None else "auto", progress)
 
     chat_events = [
-        ui.send.click(respond, [ui.msg, ui.turns, *controls], outputs, api_name="send", concurrency_id=DEVICE),
-        ui.msg.submit(respond, [ui.msg, ui.turns, *controls], outputs, api_name=False, concurrency_id=DEVICE),
-        ui.retry.click(retry_last, [ui.turns, *controls], outputs, api_name="retry", concurrency_id=DEVICE),
+        ui.send.click(respond, [ui.msg, ui.turns, ui.history_log, *controls], outputs, api_name="send",
+                      concurrency_id=DEVICE),
+        ui.msg.submit(respond, [ui.msg, ui.turns, ui.history_log, *controls], outputs, api_name=False,
+                      concurrency_id=DEVICE),
+        ui.retry.click(retry_last, [ui.turns, ui.history_log, *controls], outputs, api_name="retry",
+                       concurrency_id=DEVICE),
     ]
     # The flag stops the engine within its round; cancelling also drops queued requests and
     # closes the generator. queue=False: the stop must not wait behind what it stops.
@@ -369,52 +403,132 @@ def _guarded(message: str, history: list, run: Callable[[], Iterator[View]]) -> 
 
 
 def _chat(holder: ModelHolder, message: str, history: list, settings: Settings,
-          stop: threading.Event) -> Iterator[View]:
+          stop: threading.Event, meter: Meter) -> Iterator[View]:
     """One user message: load if needed, then stream the reply (or baseline then speculative)."""
-    turns = [*history, R.new_turn(message)]
+    turns = [*history, R.new_turn(message, baseline_pending=settings.compare)]
     waiting = "Loading models… (first message only)" if holder.models is None else "Reading the prompt…"
     yield View("", R.chat_view(turns), R.chat_view(turns, "baseline"), turns, waiting,
                gr.skip(), gr.skip(), gr.skip())
     with holder.using(settings.preset) as models:
         if stop.is_set():  # stopped while the models loaded
             return
-        yield from holder.steps(_reply(models, turns, settings, stop))  # each step on the device thread
+        holder.on_device(calibrate, models, meter.book)
+        yield from holder.steps(_reply(models, turns, settings, stop, meter))  # each step on the device thread
 
 
-def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: threading.Event) -> Iterator[View]:
+def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: threading.Event,
+           meter: Meter) -> Iterator[View]:
     """Stream the reply to the last turn (or the baseline, then the speculative reply)."""
     turn = turns[-1]
     params = settings.sampling()
     prompt_ids = checked_prompt(models, turns)
     models_text = _describe(models)
+    preset, context = models.preset.name, len(prompt_ids)
 
-    def view(stats_text, plot, speedup_text) -> View:
+    def view(stats_text, plot, speedup_text, live=gr.skip(), race=gr.skip(), **final) -> View:
         return View("", R.chat_view(turns), R.chat_view(turns, "baseline"), turns, stats_text, plot,
-                    speedup_text, models_text)
+                    speedup_text, models_text, live, race, **final)
 
     base_stats = base_ids = None
+    base_points: list[tuple[float, int]] = []
     if settings.compare:  # baseline first, then speculative: each has the device to itself
         engine = engine_for(models, settings, baseline=True)
-        for text, markup, stats, token_ids in stream_reply(engine, prompt_ids, params, stop):
+        chart = S.Throttle(RACE_INTERVAL_S, time.monotonic)
+        for text, markup, stats, token_ids, _ in stream_reply(engine, prompt_ids, params, stop):
             turn.update(reply=text, baseline_html=markup)  # the history keeps a reply if stopped here
-            yield view(R.stats_markdown(stats, "baseline"), R.acceptance_frame(None), gr.skip())
+            base_points.append(S.race_point(stats))
+            yield view(R.stats_markdown(stats, "baseline"), R.acceptance_frame(None), gr.skip(),
+                       S.live_markdown(stats, None, None, 0.0, baseline_reply=True),
+                       S.race_frame([], base_points) if chart.due() else gr.skip())
         if stop.is_set():
             return
         base_stats, base_ids = stats, list(token_ids)
+        meter.book.record(preset, S.BaselineRate.of_reply(stats, S.SIDE_BY_SIDE, context, time.time()))
 
+    baseline_reply = settings.baseline and not settings.compare
     mode = settings.mode()
-    engine = engine_for(models, settings, baseline=settings.baseline and not settings.compare)
-    for text, markup, stats, token_ids in stream_reply(engine, prompt_ids, params, stop):
+    engine = engine_for(models, settings, baseline=baseline_reply)
+    live = _LiveSpeedup(meter.book, preset, context, engine.policy.costs, baseline_reply)
+    spec_points: list[tuple[float, int]] = []
+    chart = S.Throttle(RACE_INTERVAL_S, time.monotonic)
+
+    def race():
+        if baseline_reply:
+            return S.race_frame(spec_points, spec_run=S.BASELINE_RUN)
+        return S.race_frame(spec_points, base_points, live.rate)
+
+    for text, markup, stats, token_ids, sources in stream_reply(engine, prompt_ids, params, stop):
         turn.update(reply=text, reply_html=markup)
-        yield view(R.stats_markdown(stats, mode), R.acceptance_frame(stats), gr.skip())
+        spec_points.append(S.race_point(stats))
+        live_text = live.update(stats, sources)
+        so_far = S.side_by_side_so_far(stats, base_stats) if base_stats else gr.skip()
+        yield view(R.stats_markdown(stats, mode), R.acceptance_frame(stats), so_far, live_text,
+                   race() if chart.due() else gr.skip())
     if stop.is_set():
         return
     if stats.get("finish_reason") == LENGTH_CONTEXT:  # say why the reply ends short
         turn.update(reply_html=markup + R.context_limit_note(engine.context_limit))
 
+    live_text = live.finish(stats, sources)
     identical = (base_ids == token_ids) if params.greedy else None
     speedup_text = R.speedup_markdown(stats, base_stats, identical) if settings.compare else gr.skip()
-    yield view(R.stats_markdown(stats, mode, done=True), R.acceptance_frame(stats), speedup_text)
+    drafter = "none" if baseline_reply else dict((v, k) for k, v in DRAFTERS).get(settings.drafter, settings.drafter)
+    kind = "side by side" if settings.compare else ("baseline" if baseline_reply else "speculative")
+    meter.log.add(S.history_row(len(meter.log.rows) + 1, turn["user"], kind, drafter, stats, live.rate))
+    yield view(R.stats_markdown(stats, mode, done=True), R.acceptance_frame(stats), speedup_text, live_text,
+               race(), history=S.history_frame(meter.log.rows), history_csv=meter.log.csv_file())
+
+
+class _LiveSpeedup:
+    """The #speedup-live figure of one reply: the plain rate it is compared with (chosen afresh
+    at each update, as the engine's plain steps are measured) and Leviathan's prediction."""
+
+    def __init__(self, book: S.BaselineBook, preset: str, context: int, costs, baseline_reply: bool) -> None:
+        self.book, self.preset, self.context, self.costs = book, preset, context, costs
+        self.baseline_reply = baseline_reply
+        self.step_before = costs.target_s.get(1)  # a plain step measured before this reply
+        self.rate: S.BaselineRate | None = None
+
+    def _plain_step(self, now: float) -> S.BaselineRate | None:
+        """This reply's own plain steps, if it took any (the policy's running average moved)."""
+        step = self.costs.target_s.get(1)
+        return S.BaselineRate.of_plain_step(step, self.context, now) if step != self.step_before else None
+
+    def update(self, stats: dict, sources: list[str]) -> str:
+        now = time.time()
+        if self.baseline_reply:
+            return S.live_markdown(stats, None, None, now, baseline_reply=True)
+        self.rate = self.book.choose(self.preset, self.context, self._plain_step(now))
+        prediction = S.predict(S.RoundCounts.of(sources), stats, self.costs.target)
+        return S.live_markdown(stats, self.rate, prediction, now)
+
+    def finish(self, stats: dict, sources: list[str]) -> str:
+        """The final figure; then what this reply measured goes into the book for later ones."""
+        text = self.update(stats, sources)
+        now = time.time()
+        self.book.record(self.preset, self._plain_step(now))
+        if self.baseline_reply:
+            self.book.record(self.preset, S.BaselineRate.of_reply(stats, S.BASELINE_REPLY, self.context, now))
+        return text
+
+
+def calibrate(models: LoadedModels, book: S.BaselineBook) -> None:
+    """A short plain reply when a preset first loads, timed: the rate speculative replies compare
+    with until a baseline is run. A failure only leaves the rate unmeasured (logged)."""
+    preset = models.preset.name
+    if book.has(preset, S.CALIBRATION):
+        return
+    try:
+        prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": CALIBRATION_PROMPT}])
+        engine = models.engine(drafter="none")
+        stats = engine.generate(prompt, SamplingParams(max_new_tokens=CALIBRATION_TOKENS)).stats.as_dict()
+    except Exception:  # noqa: BLE001 - the chat must work without a calibration
+        log.exception("plain-decoding calibration of %s failed", preset)
+        return
+    rate = S.BaselineRate.of_reply(stats, S.CALIBRATION, len(prompt), time.time())
+    book.record(preset, rate)
+    if rate is not None:
+        log.info("calibration of %s: plain decoding %.1f tok/s (%s)", preset, rate.tokens_per_second, rate.detail)
 
 
 # ---------------------------------------------------------------- launch

@@ -73,13 +73,13 @@ def legend_html() -> str:
 # ---------------------------------------------------------------- chat panes
 
 
-def new_turn(user: str) -> dict:
+def new_turn(user: str, baseline_pending: bool = False) -> dict:
     """One exchange, kept as plain text plus its rendered HTML (the HTML is never parsed back).
 
     Keys: user, reply (plain text, what the next prompt uses), reply_html, baseline_html
-    (the baseline pane's reply in side-by-side mode, else None).
+    (the baseline pane's reply in side-by-side mode: "" until it streams; None: no baseline run).
     """
-    return {"user": user, "reply": "", "reply_html": "", "baseline_html": None}
+    return {"user": user, "reply": "", "reply_html": "", "baseline_html": "" if baseline_pending else None}
 
 
 def prompt_messages(turns: Sequence[Mapping]) -> list[dict]:
@@ -99,14 +99,25 @@ def context_limit_note(limit: int) -> str:
             f"a new conversation.</div>")
 
 
+NO_BASELINE = "no baseline run for this turn"
+_NOTE_STYLE = "white-space:pre-wrap;color:#6b7280;font-style:italic"
+
+
 def chat_view(turns: Sequence[Mapping], pane: str = "main") -> list[dict]:
-    """Chatbot messages for a pane: `main` shows reply_html, `baseline` shows baseline_html."""
+    """Chatbot messages for a pane: `main` shows reply_html, `baseline` shows baseline_html.
+
+    In the baseline pane a turn that had no baseline run (baseline_html None) gets a neutral
+    note as its reply, so each turn keeps its own user bubble (the chatbot merges consecutive
+    messages of one role). A turn whose baseline is about to run has baseline_html "".
+    """
     key = "reply_html" if pane == "main" else "baseline_html"
     messages: list[dict] = []
     for turn in turns:
         messages.append({"role": "user", "content": plain_html(turn["user"])})
         if turn.get(key):
             messages.append({"role": "assistant", "content": turn[key]})
+        elif pane != "main" and turn.get(key) is None:
+            messages.append({"role": "assistant", "content": f'<span style="{_NOTE_STYLE}">{NO_BASELINE}</span>'})
     return messages
 
 

@@ -33,3 +33,17 @@ def leviathan_speedup(a: float, g: float, c: float, v: float = 1.0) -> float:
     if c < 0 or v <= 0:
         raise ValueError(f"need c >= 0 and v > 0, got c={c}, v={v}")
     return expected_tokens(a, g) / (g * c + v)
+
+
+def predicted_speedup(a: float, g: float, c: float, v: float, draft_share: float = 1.0) -> float:
+    """Leviathan's speedup when only a share of the rounds drafts (the others are plain steps).
+
+    Per round: with probability draft_share the round drafts g tokens (cost g c + v, yields
+    expected_tokens(a, g) tokens), else it is a plain step (cost 1, yields 1 token).
+    draft_share = 1 gives leviathan_speedup(a, g, c, v).
+    """
+    if not 0.0 <= draft_share <= 1.0:
+        raise ValueError(f"need 0 <= draft_share <= 1, got {draft_share}")
+    tokens = draft_share * expected_tokens(a, g) + (1.0 - draft_share)
+    cost = draft_share * (g * c + v) + (1.0 - draft_share)
+    return tokens / cost

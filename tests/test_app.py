@@ -27,7 +27,8 @@ from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SPAN = re.compile(r'<span class="tok tok-(\w+)" style="[^"]*">(.*?)</span>', re.S)
-OUT = ["msg", "chat", "chat_baseline", "stats", "plot", "speedup", "models"]  # client outputs
+OUT = ["msg", "chat", "chat_baseline", "stats", "plot", "speedup", "models",  # client outputs
+       "live", "race", "history", "history_csv"]
 
 DEFAULTS = dict(preset="tiny", drafter="prompt_lookup", temperature=0.0, top_p=1.0, top_k=0,
                 max_new_tokens=24, draft_length=4, adaptive=True, baseline=False, compare=False)
@@ -141,6 +142,69 @@ def test_side_by_side_runs_baseline_then_speculative(client):
     assert "".join(t for _, t in base_spans) == "".join(t for _, t in spec_spans)  # greedy: lossless
     assert re.search(r"\*\*Speedup: \d+\.\d\d×\*\*", final["speedup"])
     assert "outputs identical ✓" in final["speedup"]
+
+
+def race_runs(race: dict) -> dict[str, list]:
+    """The race chart's (seconds, tokens) points by series."""
+    x, y, run = (race["columns"].index(name) for name in ("seconds", "tokens", "run"))
+    points: dict[str, list] = {}
+    for row in race["data"]:
+        points.setdefault(row[run], []).append((row[x], row[y]))
+    return points
+
+
+def test_live_speedup_race_and_history_of_a_speculative_reply(client):
+    job = send(client, "Repeat after me: red green blue, red green blue", max_new_tokens=40)
+    updates = [dict(zip(OUT, update)) for update in job]
+    final = outputs(job)
+    # Every streamed update carries the live figure, compared with a measured plain rate.
+    live = [u["live"] for u in updates if u["live"] and "Speedup now" in u["live"]]
+    assert len(live) >= 2
+    assert re.search(r"\*\*Speedup now: \d+\.\d\d×\*\* · [\d.]+ tok/s vs plain decoding [\d.]+ tok/s, measured ",
+                     final["live"])
+    assert "Predicted (Leviathan et al.)" in final["live"]
+    runs = race_runs(final["race"])
+    spec = runs["speculative"]
+    tokens = int(re.search(r"(\d+) tokens · done", final["stats"]).group(1))
+    assert spec[0] == (0.0, 0) and spec[-1][1] == tokens and len(spec) >= 2
+    assert len(runs["baseline (measured rate)"]) == 2  # the measured rate's straight line
+    history = final["history"]
+    assert history["headers"][:5] == ["#", "prompt", "mode", "drafter", "tokens"]
+    assert len(history["data"]) == 1 and history["data"][0][2:4] == ["speculative", "prompt lookup"]
+    second = outputs(send(client, "Once more", baseline=True))
+    assert [row[0] for row in second["history"]["data"]] == [1, 2]
+    assert second["history"]["data"][1][3] == "none"
+    assert second["live"].startswith("**Baseline reply**")
+    assert set(race_runs(second["race"])) == {"baseline"}
+    with open(second["history_csv"], encoding="utf-8") as file:
+        lines = file.read().splitlines()
+    assert lines[0].startswith("#,prompt,mode,drafter,tokens,acceptance") and len(lines) == 3
+    # The next speculative reply compares with the baseline reply just measured.
+    third = outputs(send(client, "And again"))
+    assert "measured in a baseline reply" in third["live"]
+
+
+def test_side_by_side_races_two_real_runs_and_shows_the_speedup_while_streaming(client):
+    job = send(client, "Race us", compare=True, max_new_tokens=80)
+    updates = [dict(zip(OUT, update)) for update in job]
+    final = outputs(job)
+    so_far = [u["speedup"] for u in updates if u["speedup"] and "Speedup so far" in u["speedup"]]
+    assert so_far, "no speedup while the speculative half streamed"
+    runs = race_runs(final["race"])
+    assert len(runs["speculative"]) >= 2 and len(runs["baseline"]) >= 2
+    assert runs["speculative"][-1][1] == runs["baseline"][-1][1]  # greedy: the same tokens, raced
+    assert "measured in side-by-side just now" in final["live"]
+    assert final["history"]["data"][-1][2] == "side by side"
+
+
+def test_baseline_pane_keeps_every_turn(client):
+    outputs(send(client, "First"))
+    outputs(send(client, "Second"))
+    final = outputs(send(client, "Third", compare=True))
+    pane = final["chat_baseline"]
+    assert [m["role"] for m in pane] == ["user", "assistant"] * 3
+    assert [app.R.NO_BASELINE in text_of(m) for m in pane[1::2]] == [True, True, False]
+    assert [text_of(m).endswith(f"{word}</span>") for m, word in zip(pane[::2], ("First", "Second", "Third"))] == [True] * 3
 
 
 def test_side_by_side_sampling_says_outputs_differ_by_design(client):
@@ -320,7 +384,7 @@ def test_out_of_memory_shows_what_to_do(app_server, client, monkeypatch):
 
     class RunsOutOfMemory:
         def __init__(self, engine):
-            self.engine, self.stats = engine, engine.stats
+            self.engine, self.stats, self.policy = engine, engine.stats, engine.policy
 
         def stream(self, prompt_ids, params):
             for n, event in enumerate(self.engine.stream(prompt_ids, params)):

@@ -195,6 +195,114 @@ def test_chat_in_a_real_browser(app_server, browser, tmp_path):
     page.close()
 
 
+LIVE_FIGURE = re.compile(r"Speedup now: (\d+\.\d\d)×")
+
+
+def read_while_generating(page, selector: str, until: str = "done") -> list[str]:
+    """The text of `selector`, read over and over while the panel says generating (each read
+    counts only if the panel said generating before and after it)."""
+    reads = []
+    while True:
+        before = page.inner_text("#stats-text")
+        if until in before:
+            return reads
+        text = page.inner_text(selector)
+        if "generating" in before and "generating" in page.inner_text("#stats-text"):
+            reads.append(text)
+        page.wait_for_timeout(40)
+
+
+def race_series(page) -> dict[str, int]:
+    """Series name -> number of data points of each line drawn in #race-chart (Vega's SVG)."""
+    return page.locator('#race-chart path[aria-roledescription="line mark"]').evaluate_all(
+        "paths => Object.fromEntries(paths.map(p => [p.getAttribute('aria-label').split('run: ')[1],"
+        " (p.getAttribute('d').match(/[ML]/g) || []).length]))")
+
+
+HISTORY_ROWS = "#history .virtual-body [role=row]"  # gradio's Dataframe draws its rows as a virtual list
+
+
+def history_rows(page) -> int:
+    return page.locator(HISTORY_ROWS).count()
+
+
+def test_live_speedup_race_and_history_in_a_real_browser(app_server, browser, tmp_path):
+    """The speedup figure changes while a reply streams and stays; the race chart draws the
+    measured rate dashed, and both real runs in side by side, whose speedup shows before the
+    speculative half ends; the history gains a row per reply and downloads as CSV; the baseline
+    pane keeps one user bubble per turn."""
+    import time
+
+    target = app_server.holder.get("tiny").target
+    # A slower target (20 ms a forward) so that a reply streams long enough to be read mid-way.
+    hook = target.register_forward_hook(lambda *_: time.sleep(0.02))
+    page = browser.new_page(viewport={"width": 1400, "height": 1400})
+    try:
+        page.goto(app_server.url)  # a new session: an empty chat and history
+        page.wait_for_selector("#msg textarea")
+        page.wait_for_function("() => document.querySelector('#models').innerText.includes('target:')",
+                               timeout=TIMEOUT_MS)  # the page-open load is done
+        set_number(page, "max-new-tokens", 80)
+        rows_before = history_rows(page)
+
+        # 1. A speculative reply: the live figure is read at least twice while it streams.
+        page.fill("#msg textarea", "Repeat: one two three four, one two three four")
+        page.click("#send")
+        page.wait_for_function("() => document.querySelector('#stats-text').innerText.includes('generating')",
+                               timeout=TIMEOUT_MS)
+        reads = [m.group(1) for m in map(LIVE_FIGURE.search, read_while_generating(page, "#speedup-live")) if m]
+        assert len(reads) >= 2 and len(set(reads)) >= 2, reads
+        page.wait_for_function("() => /· done/.test(document.querySelector('#stats-text').innerText)")
+        live = page.inner_text("#speedup-live")
+        assert LIVE_FIGURE.search(live) and "vs plain decoding" in live and "measured" in live
+        page.wait_for_function("() => document.querySelectorAll('#race-chart path[aria-roledescription=\"line mark\"]').length >= 2")
+        series = race_series(page)
+        assert series["speculative"] >= 2 and series["baseline (measured rate)"] == 2
+        dash = page.locator('#race-chart path[aria-roledescription="line mark"][aria-label$="run: baseline (measured rate)"]').evaluate(
+            "p => getComputedStyle(p).strokeDasharray")
+        assert dash not in ("", "none")  # drawn dashed
+        page.wait_for_function(f"() => document.querySelectorAll('{HISTORY_ROWS}').length === {rows_before + 1}")
+
+        # 2. A baseline reply: another history row, and the CSV downloads with both.
+        page.locator("#baseline input").check()
+        send_and_wait(page, "Plain now")
+        page.locator("#baseline input").uncheck()
+        page.wait_for_function(f"() => document.querySelectorAll('{HISTORY_ROWS}').length === {rows_before + 2}")
+        with page.expect_download() as download:
+            page.click("#history-csv")
+        saved = tmp_path / "history.csv"
+        download.value.save_as(saved)
+        lines = saved.read_text().splitlines()
+        assert lines[0].startswith("#,prompt,mode,drafter,tokens") and len(lines) == rows_before + 3
+        assert ",baseline,none," in lines[-1]
+
+        # 3. Three messages, side by side only for the third: one user bubble per turn in the
+        # baseline pane, and the side-by-side speedup before the speculative half ends.
+        clear(page)
+        send_and_wait(page, "First one")
+        send_and_wait(page, "Second one")
+        page.locator("#compare input").check()
+        page.fill("#msg textarea", "Third one, side by side")
+        page.click("#send")
+        page.wait_for_function(
+            "() => document.querySelector('#stats-text').innerText.includes('speculative')"
+            " && document.querySelector('#stats-text').innerText.includes('generating')", timeout=TIMEOUT_MS)
+        so_far = [t for t in read_while_generating(page, "#speedup") if "Speedup so far" in t]
+        assert so_far, "the side-by-side speedup did not show before the speculative reply ended"
+        page.wait_for_function("() => /Speedup: \\d+\\.\\d\\d×/.test(document.querySelector('#speedup').innerText)",
+                               timeout=TIMEOUT_MS)
+        page.wait_for_function("() => document.querySelectorAll('#race-chart path[aria-roledescription=\"line mark\"]').length >= 2")
+        series = race_series(page)
+        assert series["speculative"] >= 2 and series["baseline"] >= 2, series
+        assert page.locator('#chat-baseline [data-testid="user"]').count() == 3
+        assert page.locator("#chat-baseline").inner_text().count(R.NO_BASELINE) == 2
+        page.screenshot(path=str(tmp_path / "speedup.png"), full_page=True)
+    finally:
+        hook.remove()
+        page.locator("#compare input").uncheck()
+        page.close()
+
+
 def make_readme_screenshot(out: Path, preset: str) -> None:
     """Run the flow on a real preset and keep the side-by-side view as the README's picture."""
     import tempfile

@@ -100,8 +100,25 @@ def test_history_is_plain_text_and_view_is_html():
     assert [m["role"] for m in view] == ["user", "assistant", "user"]
     assert "&lt;b&gt;" in view[0]["content"]
     assert view[1]["content"] == turn["reply_html"]
-    # The baseline pane shows only turns that have a baseline reply.
-    assert [m["role"] for m in R.chat_view(turns, pane="baseline")] == ["user", "user"]
+    # The baseline pane keeps every turn apart: a turn with no baseline run gets a neutral note.
+    baseline = R.chat_view(turns, pane="baseline")
+    assert [m["role"] for m in baseline] == ["user", "assistant", "user", "assistant"]
+    assert all(R.NO_BASELINE in m["content"] for m in baseline[1::2])
+
+
+def test_baseline_pane_shows_each_turn_with_its_baseline_or_a_note():
+    """Three messages, side by side ticked for the third only: three user bubbles, two notes."""
+    turns = [R.new_turn("one"), R.new_turn("two"), R.new_turn("three", baseline_pending=True)]
+    for turn in turns:
+        turn.update(reply="r", reply_html=R.render_tokens([("r", "draft")]))
+    waiting = R.chat_view(turns, pane="baseline")  # the third's baseline has not streamed yet
+    assert [m["role"] for m in waiting] == ["user", "assistant", "user", "assistant", "user"]
+    turns[2]["baseline_html"] = R.render_tokens([("r", "target")])
+    view = R.chat_view(turns, pane="baseline")
+    assert [m["role"] for m in view] == ["user", "assistant"] * 3
+    assert [R.NO_BASELINE in m["content"] for m in view[1::2]] == [True, True, False]
+    assert "tok-target" in view[5]["content"]
+    assert [m["role"] for m in R.chat_view(turns)] == ["user", "assistant"] * 3  # the main pane: no notes
 
 
 STATS = {

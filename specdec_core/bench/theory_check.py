@@ -17,21 +17,7 @@ from .methods import RoundCounts
 from .cost_model import time_steps
 from ..drafters import find_continuation
 from ..runner import CachedModel
-from ..theory import expected_tokens
-
-
-def predicted_speedup(a: float, g: float, c: float, v: float, draft_share: float = 1.0) -> float:
-    """Leviathan's speedup when only a share of the rounds drafts (the others are plain steps).
-
-    Per round: with probability draft_share the round drafts g tokens (cost g c + v, yields
-    expected_tokens(a, g) tokens), else it is a plain step (cost 1, yields 1 token).
-    draft_share = 1 gives leviathan_speedup(a, g, c, v).
-    """
-    if not 0.0 <= draft_share <= 1.0:
-        raise ValueError(f"need 0 <= draft_share <= 1, got {draft_share}")
-    tokens = draft_share * expected_tokens(a, g) + (1.0 - draft_share)
-    cost = draft_share * (g * c + v) + (1.0 - draft_share)
-    return tokens / cost
+from ..theory import expected_tokens, predicted_speedup  # noqa: F401 - predicted_speedup: the bench's name too
 
 
 def acceptance_probability(counts: RoundCounts) -> float:

@@ -1,0 +1,203 @@
+"""The live speedup's pure parts (app_speedup.py): which plain rate a reply is compared with,
+its label, the theory beside it, the race chart's data and the history's rows and CSV."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+import app_speedup as S
+from specdec_core.theory import predicted_speedup
+
+NOW = 1_000_000.0
+
+
+def reply_rate(source: str, tps: float, context: int = 100, age_s: float = 0.0) -> S.BaselineRate:
+    stats = {"new_tokens": 96, "wall_s": 96 / tps}
+    return S.BaselineRate.of_reply(stats, source, context, NOW - age_s)
+
+
+# ---------------------------------------------------------------- where the baseline comes from
+
+
+def test_nothing_measured_gives_no_rate_and_says_so():
+    book = S.BaselineBook()
+    assert book.choose("p", 100) is None
+    assert S.baseline_label(None, NOW).startswith("no plain-decoding rate measured yet")
+    assert "–" in S.live_markdown({"tokens_per_second": 30.0}, None, None, NOW)
+
+
+def test_order_reply_then_plain_steps_then_calibration():
+    book = S.BaselineBook()
+    calibration = reply_rate(S.CALIBRATION, 20.0)
+    book.record("p", calibration)
+    assert book.choose("p", 100) == calibration  # (3) the only one measured
+    recorded_steps = S.BaselineRate.of_plain_step(0.040, 100, NOW - 60)
+    book.record("p", recorded_steps)
+    assert book.choose("p", 100) == recorded_steps  # (2) beats (3)
+    live = S.BaselineRate.of_plain_step(0.045, 100, NOW)
+    assert book.choose("p", 100, live_plain=live) == live  # this reply's own steps beat older ones
+    side = reply_rate(S.SIDE_BY_SIDE, 23.1, age_s=120)
+    book.record("p", side)
+    assert book.choose("p", 100, live_plain=live) == side  # (1) a measured baseline reply beats all
+    baseline = reply_rate(S.BASELINE_REPLY, 22.0, age_s=5)
+    book.record("p", baseline)
+    assert book.choose("p", 100) == baseline  # the latest baseline reply
+    assert book.choose("other", 100) is None  # per preset
+
+
+def test_a_baseline_at_another_context_length_falls_back():
+    book = S.BaselineBook()
+    book.record("p", reply_rate(S.SIDE_BY_SIDE, 23.0, context=100))
+    book.record("p", reply_rate(S.BASELINE_REPLY, 15.0, context=2000))
+    calibration = reply_rate(S.CALIBRATION, 24.0, context=40)
+    book.record("p", calibration)
+    assert book.choose("p", 300).tokens_per_second == 23.0  # within 256 tokens of 100
+    assert book.choose("p", 1500).tokens_per_second == 15.0  # within a factor of 2 of 2000
+    assert book.choose("p", 800) == calibration  # neither is comparable: the next source
+    steps = S.BaselineRate.of_plain_step(0.05, 800, NOW)
+    assert book.choose("p", 800, live_plain=steps) == steps
+
+
+def test_comparable_context_lengths():
+    assert S.comparable(10, 266) and not S.comparable(10, 267)
+    assert S.comparable(1000, 2000) and not S.comparable(1000, 2001)
+    assert S.comparable(0, 5)
+
+
+def test_unmeasured_rates_are_never_recorded():
+    assert S.BaselineRate.of_reply({"new_tokens": 2, "wall_s": 0.1}, S.BASELINE_REPLY, 10, NOW) is None
+    assert S.BaselineRate.of_reply({"new_tokens": 50, "wall_s": 0.0}, S.BASELINE_REPLY, 10, NOW) is None
+    assert S.BaselineRate.of_plain_step(None, 10, NOW) is None
+    book = S.BaselineBook()
+    book.record("p", None)
+    assert book.choose("p", 10) is None and not book.has("p", S.CALIBRATION)
+
+
+def test_labels_say_the_rate_its_source_and_its_age():
+    side = reply_rate(S.SIDE_BY_SIDE, 23.1, age_s=150)
+    assert S.baseline_label(side, NOW) == (
+        "vs plain decoding 23.1 tok/s, measured in side-by-side 2 min ago (96 tokens in 4.16 s)")
+    assert "measured in a baseline reply just now" in S.baseline_label(reply_rate(S.BASELINE_REPLY, 20.0), NOW)
+    step = S.BaselineRate.of_plain_step(0.04, 10, NOW - 30)
+    assert S.baseline_label(step, NOW) == (
+        "vs plain decoding 25.0 tok/s, measured from the engine's plain steps 30 s ago (a plain step 40 ms)")
+    calibration = reply_rate(S.CALIBRATION, 30.0, age_s=7200)
+    assert "measured by a calibration at load 2 h ago" in S.baseline_label(calibration, NOW)
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "just now"), (9.9, "just now"), (10, "10 s ago"), (59, "59 s ago"),
+                                           (60, "1 min ago"), (3599, "59 min ago"), (3600, "1 h ago")])
+def test_age_text(seconds, text):
+    assert S.age_text(seconds) == text
+
+
+# ---------------------------------------------------------------- rounds, theory, the live figure
+
+
+def test_round_counts_fold_the_sources():
+    # plain | 2 drafts kept + bonus | 1 kept, then resampled | all rejected: resampled
+    sources = ["target", "draft", "draft", "bonus", "draft", "resampled", "resampled"]
+    counts = S.RoundCounts.of(sources)
+    assert counts == S.RoundCounts(rounds=4, plain_rounds=1, rejections=2, accepted=3)
+
+
+def test_prediction_uses_this_replys_acceptance_and_costs():
+    counts = S.RoundCounts(rounds=4, plain_rounds=1, rejections=2, accepted=3)
+    stats = {"drafted_tokens": 6, "draft_s": 0.006}  # 1 ms a drafted token
+    steps = {1: 0.040, 3: 0.044}
+    prediction = S.predict(counts, stats, steps.get)
+    assert prediction.a == pytest.approx(3 / 5)  # kept / (kept + rejections)
+    assert prediction.g == 2.0 and prediction.share == 0.75
+    assert prediction.c == pytest.approx(0.025) and prediction.v == pytest.approx(1.1)
+    assert prediction.speedup == pytest.approx(predicted_speedup(0.6, 2.0, 0.025, 1.1, 0.75))
+
+
+def test_no_prediction_before_a_drafting_round_or_a_measured_step():
+    plain = S.RoundCounts(rounds=3, plain_rounds=3, rejections=0, accepted=0)
+    assert S.predict(plain, {"drafted_tokens": 0}, {1: 0.04}.get) is None
+    drafted = S.RoundCounts(rounds=2, plain_rounds=0, rejections=1, accepted=1)
+    assert S.predict(drafted, {"drafted_tokens": 4, "draft_s": 0.0}, {}.get) is None
+
+
+def test_live_markdown_shows_speedup_source_theory_and_efficiency():
+    rate = reply_rate(S.SIDE_BY_SIDE, 20.0, age_s=120)
+    prediction = S.Prediction(a=0.6, g=4.0, c=0.01, v=1.1, share=0.5, speedup=1.6)
+    text = S.live_markdown({"tokens_per_second": 30.0}, rate, prediction, NOW)
+    assert text.startswith("**Speedup now: 1.50×** · 30.0 tok/s vs plain decoding 20.0 tok/s, measured in side-by-side 2 min ago")
+    assert "Predicted (Leviathan et al.): 1.60× from a = 0.60, g = 4.0, c = 0.01, v = 1.10, 50% of rounds drafting" in text
+    assert "efficiency 94% (measured / predicted)" in text
+    assert "– until a round drafts" in S.live_markdown({"tokens_per_second": 30.0}, rate, None, NOW)
+    assert S.live_markdown({"tokens_per_second": 21.0}, None, None, NOW, baseline_reply=True).startswith(
+        "**Baseline reply** · plain decoding at 21.0 tok/s")
+    assert "send a message" in S.live_markdown(None, None, None, NOW)
+
+
+def test_side_by_side_so_far():
+    text = S.side_by_side_so_far({"tokens_per_second": 30.0}, {"tokens_per_second": 20.0})
+    assert text.startswith("**Speedup so far: 1.50×** (speculative 30.0 tok/s vs baseline 20.0 tok/s)")
+    assert "–" in S.side_by_side_so_far({"tokens_per_second": 30.0}, {"tokens_per_second": 0.0})
+
+
+# ---------------------------------------------------------------- the race chart
+
+
+def test_race_frame_side_by_side_has_both_real_curves():
+    frame = S.race_frame([(0.5, 10), (1.0, 24)], [(0.5, 8), (1.5, 24)])
+    assert list(frame.columns) == ["seconds", "tokens", "run"]
+    spec, base = frame[frame.run == S.SPECULATIVE_RUN], frame[frame.run == S.BASELINE_RUN]
+    assert spec.values.tolist() == [[0.0, 0, "speculative"], [0.5, 10, "speculative"], [1.0, 24, "speculative"]]
+    assert base.tokens.tolist() == [0, 8, 24]
+    assert str(frame.seconds.dtype) == "float64" and str(frame.tokens.dtype) == "int64"
+
+
+def test_race_frame_without_a_baseline_run_draws_the_measured_rate():
+    frame = S.race_frame([(0.5, 10), (2.0, 60)], rate=reply_rate(S.CALIBRATION, 20.0))
+    line = frame[frame.run == S.MEASURED_RATE_RUN]
+    assert line.values.tolist() == [[0.0, 0, S.MEASURED_RATE_RUN], [2.0, 40, S.MEASURED_RATE_RUN]]
+    assert S.MEASURED_RATE_RUN in S.RACE_DASHED_CSS and "stroke-dasharray" in S.RACE_DASHED_CSS
+    only = S.race_frame([(0.5, 10)])  # nothing measured: the reply alone
+    assert set(only.run) == {S.SPECULATIVE_RUN}
+    assert set(S.race_frame([(0.5, 10)], spec_run=S.BASELINE_RUN).run) == {S.BASELINE_RUN}
+
+
+def test_throttle():
+    times = iter([0.0, 0.1, 0.24, 0.26, 0.3, 0.6])
+    throttle = S.Throttle(0.25, lambda: next(times))
+    assert [throttle.due() for _ in range(6)] == [True, False, False, True, False, True]
+
+
+# ---------------------------------------------------------------- the history
+
+
+STATS = {"new_tokens": 64, "tokens_per_second": 30.0, "drafted_tokens": 40, "acceptance_rate": 0.625,
+         "tokens_per_target_forward": 1.8333}
+
+
+def test_history_rows_and_csv(tmp_path):
+    rate = reply_rate(S.SIDE_BY_SIDE, 20.0)
+    spec = S.history_row(1, "Rewrite   this\nfunction with type hints and a long docstring please", "side by side",
+                         "prompt lookup", STATS, rate)
+    assert spec == {"#": 1, "prompt": "Rewrite this function with type hints a…", "mode": "side by side",
+                    "drafter": "prompt lookup", "tokens": 64, "acceptance": 0.625, "tokens per target forward": 1.83,
+                    "tokens/s": 30.0, "speedup": 1.5, "vs plain tok/s": 20.0, "baseline from": "side-by-side"}
+    base = S.history_row(2, "hi", "baseline", "none", {**STATS, "drafted_tokens": 0}, rate)
+    assert base["acceptance"] == "" and base["speedup"] == "" and base["baseline from"] == ""
+    unmeasured = S.history_row(3, "hi", "speculative", "draft model", STATS, None)
+    assert unmeasured["speedup"] == "" and unmeasured["acceptance"] == 0.625
+    rows = [spec, base, unmeasured]
+    assert S.history_frame(rows).shape == (3, len(S.HISTORY_COLUMNS))
+    with open(S.write_history_csv(rows, str(tmp_path / "h.csv")), newline="") as file:
+        read = list(csv.DictReader(file))
+    assert [r["#"] for r in read] == ["1", "2", "3"] and read[0]["speedup"] == "1.5" and read[1]["speedup"] == ""
+    assert list(read[0]) == S.HISTORY_COLUMNS
+
+
+def test_reply_history_writes_its_own_file():
+    history = S.ReplyHistory()
+    history.add(S.history_row(1, "hi", "speculative", "prompt lookup", STATS, None))
+    path = history.csv_file()
+    assert path.endswith("reply-history.csv") and history.csv_file() == path
+    assert S.ReplyHistory().csv_file() != path  # another session, another folder
+    assert open(path).read().count("\n") == 2
