@@ -26,7 +26,7 @@ from ..presets.config import AUTO
 from ..presets.holder import Cancelled, ModelHolder
 from .completion import Completion
 from .errors import ApiError
-from .request import parse_chat_request
+from .request import ChatRequest, parse_chat_request
 from .response import ChunkWriter, chat_completion
 
 log = logging.getLogger("specdec.api")
@@ -142,7 +142,7 @@ async def _json_body(request: Request) -> object:
 # ---------------------------------------------------------------- generating
 
 
-async def _complete(request: Request, holder: ModelHolder, chat) -> Response:
+async def _complete(request: Request, holder: ModelHolder, chat: ChatRequest) -> Response:
     """Wait for the device, then answer at once (non-streamed) or as server-sent events.
 
     Everything that can refuse the request (a full queue, a model that can't load, a prompt
