@@ -64,7 +64,8 @@ class FeatureTap:
     def take(self) -> torch.Tensor | None:
         if not self.layer_ids or len(self._captured) != len(set(self.layer_ids)):
             return None
-        features = torch.cat([self._captured[i] for i in self.layer_ids], dim=-1)
+        first = self._captured[self.layer_ids[0]]
+        features = torch.cat([self._captured[i].to(first.device) for i in self.layer_ids], dim=-1)
         self._captured.clear()
         return features
 

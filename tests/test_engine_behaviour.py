@@ -349,3 +349,16 @@ def test_an_eagle_head_for_another_target_is_refused_in_one_line(target, smol_to
                                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))
     with pytest.raises(LoadError, match="hidden size"):
         SpeculativeEngine(target, smol_tokenizer, drafter=EagleDrafter(narrow))
+
+
+def test_an_eagle_head_reads_a_new_prompt_as_catch_up(target, smol_tokenizer):
+    """The prompt's features come from the prefill; the head reads them before the first round,
+    timed as catch-up (not as drafting), so the policy's drafting cost stays per draft token."""
+    eagle = EagleDrafter(random_eagle_head(target, seed=2))
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=eagle, draft_length=3, adaptive=False)
+    prompt = list(range(300, 400))
+    with head_pairs_read(eagle) as reads:
+        engine.generate(prompt, greedy(4))
+    assert reads[0] == len(prompt) - 1  # one batched pass over the prompt's pairs: the catch-up
+    assert engine.policy.costs.catch_up_s_per_token is not None  # timed as catch-up
+    assert max(reads[1:]) <= 1 + 3  # then each round: the accepted positions, the draft steps

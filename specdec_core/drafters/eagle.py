@@ -96,8 +96,10 @@ class EagleDrafter(Drafter):
             self._forget()
             self._blind = True
             return
-        new = features[have - position :]
-        self._fresh = len(new)
+        new = features[have - position :].to(self.head.device)  # a sharded target's layers differ
+        # Rows of the prompt (the prefill) are catch-up; a verify's rows are read by the next round.
+        in_prompt = position + len(features) <= len(self._tokens) - 1
+        self._fresh = 0 if in_prompt else len(new)
         if len(new):
             self._pending = new if self._pending is None else torch.cat([self._pending, new])
 
