@@ -44,6 +44,10 @@ class Stats:
     # One of FINISH_REASONS once the reply has ended; None while it runs, or if its consumer
     # stopped it early.
     finish_reason: str | None = None
+    # (drafted, accepted) of every decoding round, in order: what the benchmark's theory check
+    # is computed from (counted here, since hooks on the model don't fire inside compiled steps).
+    # Not in as_dict: the API and the CLI report the totals above.
+    rounds: list[tuple[int, int]] = field(default_factory=list, repr=False)
 
     @property
     def tokens_per_target_forward(self) -> float:
@@ -71,10 +75,13 @@ class Stats:
             self.accepted_by_position[position] += 1
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
+        self.rounds.append((drafted, accepted))
 
     def as_dict(self) -> dict:
+        fields = asdict(self)
+        del fields["rounds"]
         return {
-            **asdict(self),
+            **fields,
             "tokens_per_target_forward": self.tokens_per_target_forward,
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_second": self.tokens_per_second,

@@ -10,13 +10,19 @@ for shapes that never change. So:
   rejected slots keep stale keys and values until the next step overwrites them; the causal
   mask, built from the position, hides every slot at or beyond the current length.
 - Steps have fixed shapes: n new tokens run as a step of `bucket` tokens, the smallest of
-  `step_sizes` that holds n, padded with PAD_TOKEN. The default sizes are 1..9, one per verify
-  length k+1 the draft-length policy can choose, so nothing is padded. A padded token sits
-  after every real one, so causal attention keeps it out of the real tokens' logits; its
+  `step_sizes` that holds n, padded with PAD_TOKEN. With `dynamic=False` every size is its own
+  full compile (tens of seconds each for a 7B model), so the default sizes are a few buckets,
+  1, 2, 4, 8 and 9 (k+1 for the longest draft), not one per verify length: a verify over 5-7
+  tokens runs padded to 8, which on a memory-bound GPU costs about what 5 would. A padded token
+  sits after every real one, so causal attention keeps it out of the real tokens' logits; its
   cache slot lies beyond the length and is overwritten later. Greedy output stays identical.
 - Inputs no step size holds (the prompt prefill, mostly) run eagerly on the same cache.
+- Every step attends over all `max_length` slots (the mask hides the unfilled ones), so the
+  cache is sized to what a chat needs (1024 tokens by default, the model's context at most),
+  not to the model's context: on a GPU the attention over unused slots is memory traffic.
 - A sequence that outgrows `max_length` moves its cache into a DynamicCache and continues
-  eagerly: correct, just not compiled.
+  eagerly: correct, just not compiled. Once a rollback or a new turn brings the sequence back
+  within `max_length` (a retry, a cleared chat), it moves back onto the static cache.
 
 `StaticSteps(model)` owns one model's cache and compiled steps, and compiles (warms up) every
 step shape when it is built, so the first reply is not slow. Calling it with the model returns
@@ -46,9 +52,19 @@ EAGER_STATIC = "eager static cache"
 EAGER_DYNAMIC = "eager dynamic cache"
 
 PAD_TOKEN = 0  # any valid id: padded positions come after the real ones and are never read
-DEFAULT_STEP_SIZES = tuple(range(1, MAX_DRAFT_LENGTH + 2))  # a 1-token step and k+1 for k <= 8
+
+
+def step_buckets(largest: int) -> tuple[int, ...]:
+    """Step sizes 1, 2, 4, ... below `largest`, and `largest` itself: few shapes to compile."""
+    sizes = [1]
+    while sizes[-1] * 2 < largest:
+        sizes.append(sizes[-1] * 2)
+    return tuple(sorted({*sizes, largest}))
+
+
+DEFAULT_STEP_SIZES = step_buckets(MAX_DRAFT_LENGTH + 1)  # (1, 2, 4, 8, 9): a 1-token step, k+1 padded up
 DRAFT_STEP_SIZES = (1, 2)  # a draft feeds 1 token per step, 2 after a fully accepted round
-_DEFAULT_MAX_LENGTH = {"cuda": 4096, "cpu": 2048}  # every step attends over all of it
+DEFAULT_MAX_LENGTH = 1024  # tokens of the static cache: every step attends over all of them
 _MIN_RECOMPILE_LIMIT = 64  # one compiled graph per step shape and model
 
 
@@ -84,11 +100,13 @@ class StaticSteps:
         warmup: bool = True,
         progress: bool = True,
         name: str | None = None,
+        backend: str = "inductor",
     ) -> None:
-        """max_length: tokens the cache holds (default: 4096 on CUDA, 2048 on CPU, at most the
-        model's context). step_sizes: the fixed step shapes, in tokens. compile: False runs the
+        """max_length: tokens the cache holds (default: DEFAULT_MAX_LENGTH, at most the model's
+        context). step_sizes: the fixed step shapes, in tokens. compile: False runs the
         same static-cache steps eagerly (for tests and comparisons). warmup: compile every
-        step shape now, with a progress bar (progress=False hides it)."""
+        step shape now, with a progress bar (progress=False hides it). backend: torch.compile's
+        ("eager" traces the steps without generating code: the CPU self-check uses it)."""
         self.model = model.eval()
         self.device = model.device
         self.name = name or _model_name(model)
@@ -101,7 +119,8 @@ class StaticSteps:
         self.cuda = self.device.type == "cuda"
         self.compiled = bool(compile)
         self.fallback_reason: str | None = None
-        self.mode = "reduce-overhead" if self.cuda else None  # CUDA graphs on CUDA
+        self.backend = backend
+        self.mode = "reduce-overhead" if self.cuda and backend == "inductor" else None  # CUDA graphs on CUDA
         self.warmup_s = 0.0
         self._slots: list[_Slot] = []
         self._spill_logged = False
@@ -180,7 +199,8 @@ class StaticSteps:
             self._eager(slot, [PAD_TOKEN], 0, True)  # allocates K/V on each layer's device
         if self.compiled:
             try:
-                slot.compiled = torch.compile(slot.step, mode=self.mode, fullgraph=True, dynamic=False)
+                slot.compiled = torch.compile(slot.step, backend=self.backend, mode=self.mode, fullgraph=True,
+                                              dynamic=False)
             except Exception as error:  # torch.compile unavailable here
                 self._fall_back(error)
         return slot
@@ -290,6 +310,8 @@ class StaticCacheRunner:
         """Forget every cached token after the first `keep`: just move the position back."""
         if self._dynamic is not None:
             self._dynamic.crop(keep)
+            if self._dynamic.length < self._steps.max_length - self._steps.step_sizes[-1]:
+                self._return_to_static()
         else:
             self._length = max(0, min(self._length, keep))
 
@@ -310,11 +332,21 @@ class StaticCacheRunner:
         self._slot.owner = None  # the static cache is free for the next generation
         self._slot = None
 
+    def _return_to_static(self) -> None:
+        """The sequence fits the static cache again (with room for a full step): copy it back."""
+        dynamic, self._dynamic = self._dynamic, None
+        self._slot = self._steps._acquire(self)
+        self._length = dynamic.length
+        for index, layer in enumerate(self._slot.layers):
+            dynamic_layer = dynamic.cache.layers[index]
+            layer.keys[:, :, : self._length].copy_(dynamic_layer.keys[:, :, : self._length])
+            layer.values[:, :, : self._length].copy_(dynamic_layer.values[:, :, : self._length])
+
 
 def _default_max_length(model) -> int:
     from .engine import context_limit
 
-    return min(context_limit(model), _DEFAULT_MAX_LENGTH["cuda" if model.device.type == "cuda" else "cpu"])
+    return min(context_limit(model), DEFAULT_MAX_LENGTH)
 
 
 def _model_name(model) -> str:

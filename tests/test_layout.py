@@ -12,7 +12,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdec_core"
 LAYERS = {"": 0, "drafters": 1, "presets": 2, "bench": 3, "train": 3, "serve": 3}
-ENTRY_POINTS = {"__main__.py", "cost_model.py", "train_eagle.py"}  # faces that live in the top folder
+ENTRY_POINTS = {"__main__.py", "cost_model.py", "gpu_check.py", "train_eagle.py"}  # faces that live in the top folder
 TOP = 4
 
 

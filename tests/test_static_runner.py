@@ -100,6 +100,35 @@ def test_logits_match_uncached_forward_through_rollbacks_padding_and_spill():
         del runner
 
 
+def test_a_spilled_sequence_returns_to_the_static_cache_once_it_fits_again():
+    """Past max_length the runner goes on a dynamic cache; a rollback (a retry, a new chat) that
+    brings it back within the cache moves it back, and its logits stay exact."""
+    model = tiny_llama(seed=4, vocab=1000)
+    steps = StaticSteps(model, compile=False, step_sizes=(1, 4), max_length=24)
+    sequence = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        reference = model(input_ids=torch.tensor([sequence])).logits[0]
+    runner = steps(model)
+    runner.forward(sequence[:22])
+    runner.forward(sequence[22:30])
+    assert runner._dynamic is not None and runner.length == 30
+    runner.crop(18)  # 18 + the largest step (4) fits the 24 slots again
+    assert runner._dynamic is None and runner.length == 18
+    logits = runner.forward(sequence[18:22])
+    torch.testing.assert_close(logits, reference[18:22], atol=1e-5, rtol=1e-4)
+    runner.crop(21)
+    runner.forward(sequence[21:26])  # and out again: still exact
+    assert runner._dynamic is not None
+    torch.testing.assert_close(runner.forward(sequence[26:27]), reference[26:27], atol=1e-5, rtol=1e-4)
+
+
+def test_default_step_sizes_are_a_few_buckets_padded_up():
+    from specdec_core.static_runner import step_buckets
+
+    assert DEFAULT_STEP_SIZES == (1, 2, 4, 8, 9) and step_buckets(9) == DEFAULT_STEP_SIZES
+    assert step_buckets(1) == (1,) and step_buckets(5) == (1, 2, 4, 5)
+
+
 def test_outgrowing_the_cache_stays_identical_and_logs_once(smol_tokenizer, caplog):
     target = tiny_llama(seed=5, vocab=1000)
     draft = perturbed_copy(target, noise=0.05, seed=6)
@@ -320,7 +349,7 @@ def test_loading_builds_compiled_runners_and_says_so(compile_presets, monkeypatc
     assert isinstance(fast.target_runner, StaticSteps) and fast.target_runner.step_sizes == DEFAULT_STEP_SIZES
     assert fast.draft_runner.step_sizes == DRAFT_STEP_SIZES
     assert len(fast.describe().splitlines()) == 2 and "decode: compiled static cache" in fast.describe()
-    assert any("compiled 9 step shapes" in note for note in fast.notes)
+    assert any(f"compiled {len(DEFAULT_STEP_SIZES)} step shapes" in note for note in fast.notes)
     engine = fast.make_engine()
     assert engine.make_runner is fast.target_runner and engine.drafter.make_runner is fast.draft_runner
     result = engine.generate(prompt, SamplingParams(max_new_tokens=NEW_TOKENS))

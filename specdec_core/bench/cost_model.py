@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             modes=tuple(args.modes.split(",")),
             bandwidth_gbs=args.bandwidth_gbs,
             seed=args.seed,
+            cache_length=args.cache_length,
         )
     except (ValueError, OSError, MemoryError, torch.OutOfMemoryError) as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
@@ -128,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
                    "(eager on prepacked weights; CPU only)")
     p.add_argument("--bandwidth-gbs", type=float, help="device memory bandwidth in GB/s (default: a table of "
                    "known GPUs; on CPU a measured memcpy)")
+    p.add_argument("--cache-length", type=int, help="static cache slots of the compiled mode (default: the app's, "
+                   "which every step attends over)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out/cost_model", help="writes OUT.json and OUT.md")
     return p
@@ -149,8 +152,17 @@ def run_cost_model(
     bandwidth_gbs: float | None = None,
     seed: int = 0,
     progress: bool = True,
+    cache_length: int | None = None,
+    built: dict | None = None,
+    runners: dict | None = None,
 ) -> dict:
-    """Measure both models in each mode; the JSON-ready result (see the module docstring)."""
+    """Measure both models in each mode; the JSON-ready result (see the module docstring).
+
+    The compiled mode runs the app's configuration: its step sizes (padded up) and a static
+    cache of `cache_length` slots (default: the app's), which every step attends over.
+    built: {"target": model, "draft": model} already on the device (their configs are still
+    named for the report); runners: a dict that receives the compiled StaticSteps by role, so a
+    caller (the GPU check) can decode with them afterwards without compiling again."""
     device = torch.device(device)
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
@@ -159,9 +171,15 @@ def run_cost_model(
         raise ValueError("mode packed is for CPU (prepacked oneDNN weights): use --device cpu")
     if max_k < 1 or context < 1 or repeats < 1:
         raise ValueError("--max-k, --context and --repeats must be >= 1")
+    from ..static_runner import DEFAULT_MAX_LENGTH
+
+    if "compiled" in modes and (cache_length or DEFAULT_MAX_LENGTH) < context + max_k + 1:
+        raise ValueError(f"the static cache ({cache_length or DEFAULT_MAX_LENGTH} tokens) can't hold --context "
+                         f"{context} plus a verify of {max_k + 1}: pass a larger --cache-length")
     torch_dtype = _dtype(dtype, device)
     configs = {"target": load_architecture(target_config), "draft": load_architecture(draft_config)}
-    _check_memory(configs.values(), torch_dtype, device)
+    if not built:
+        _check_memory(configs.values(), torch_dtype, device)
     bandwidth, bandwidth_source = device_bandwidth(device, bandwidth_gbs)
     result: dict = {
         "device": _device_name(device),
@@ -169,6 +187,7 @@ def run_cost_model(
         "bandwidth_gbs": round(bandwidth / 1e9, 1),
         "bandwidth_source": bandwidth_source,
         "context_tokens": context,
+        "static_cache_tokens": None,
         "repeats": repeats,
         "torch": torch.__version__,
         "transformers": _transformers_version(),
@@ -177,10 +196,12 @@ def run_cost_model(
         "models": {},
         "modes": {},
     }
-    models = {}
+    models = dict(built or {})
+    runners = {} if runners is None else runners
     for role, seed_offset in (("target", 0), ("draft", 1)):
-        torch.manual_seed(seed + seed_offset)
-        models[role] = build_model(configs[role], torch_dtype, device)
+        if role not in models:
+            torch.manual_seed(seed + seed_offset)
+            models[role] = build_model(configs[role], torch_dtype, device)
         result["models"][role] = {
             "config": target_config if role == "target" else draft_config,
             "parameters": sum(p.numel() for p in models[role].parameters()),
@@ -191,10 +212,12 @@ def run_cost_model(
         timings = {}
         for role, sizes in (("target", [1, *verify_sizes]), ("draft", [1])):
             model = _packed_copy(models[role]) if mode == "packed" else models[role]
-            factory, info = _runner_factory(mode, model, role, context, sizes, progress)
+            factory, info = _runner_factory(mode, model, role, cache_length, progress, runners)
             tokens = _random_tokens(model.config.vocab_size, context + max(sizes))
             timings[role] = {"ms": time_steps(factory, model, tokens, context, sizes, repeats, device), **info}
         result["modes"][mode] = summarize(timings, result["models"]["target"]["weight_bytes_per_step"], bandwidth)
+        if mode == "compiled":
+            result["static_cache_tokens"] = runners["target"].max_length
         _free(device)
     return result
 
@@ -275,19 +298,22 @@ def _packed_copy(model):
     return packed
 
 
-def _runner_factory(mode: str, model, role: str, context: int, sizes: list[int], progress: bool):
-    """(make_runner, info) for one mode: eager and packed = CachedModel, compiled = StaticSteps."""
+def _runner_factory(mode: str, model, role: str, cache_length: int | None, progress: bool, runners: dict):
+    """(make_runner, info) for one mode: eager and packed = CachedModel, compiled = StaticSteps
+    as the app builds them (its step sizes, its cache length unless one is given)."""
     from ..runner import CachedModel
-    from ..static_runner import EAGER_DYNAMIC, StaticSteps
+    from ..static_runner import DEFAULT_STEP_SIZES, DRAFT_STEP_SIZES, EAGER_DYNAMIC, StaticSteps
 
     if mode in ("eager", "packed"):
         path = EAGER_DYNAMIC + (", prepacked weights" if mode == "packed" else "")
         return CachedModel, {"path": path, "compile_s": None, "fallback": None}
-    steps = StaticSteps(
-        model, max_length=context + max(sizes) + 1, step_sizes=sizes, compile=True,
-        progress=progress, name=role,
-    )
-    info = {"path": steps.decode_path, "compile_s": round(steps.warmup_s, 1), "fallback": steps.fallback_reason}
+    steps = runners.get(role)
+    if steps is None:
+        sizes = DEFAULT_STEP_SIZES if role == "target" else DRAFT_STEP_SIZES
+        steps = runners[role] = StaticSteps(model, max_length=cache_length, step_sizes=sizes, compile=True,
+                                            progress=progress, name=role)
+    info = {"path": steps.decode_path, "compile_s": round(steps.warmup_s, 1), "fallback": steps.fallback_reason,
+            "step_sizes": list(steps.step_sizes)}
     return steps, info
 
 
@@ -419,7 +445,9 @@ def markdown_table(result: dict) -> str:
         f"Cost model on {result['device']} ({result['dtype']}), target {target['config']} "
         f"({_millions(target['parameters'])} params), draft {draft['config']} ({_millions(draft['parameters'])}), "
         f"{result['context_tokens']} tokens of context, median of {result['repeats']} calls, random weights. "
-        f"Bandwidth {result['bandwidth_gbs']:g} GB/s ({result['bandwidth_source']}).",
+        f"Bandwidth {result['bandwidth_gbs']:g} GB/s ({result['bandwidth_source']})."
+        + (f" Compiled: the app's steps (sizes padded up to the next compiled one) on its static cache of "
+           f"{result['static_cache_tokens']} slots, which every step attends over." if result.get("static_cache_tokens") else ""),
         "",
         "| | " + " | ".join(modes) + " |",
         "|---|" + "---|" * len(modes),

@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import cost_model
 
         return cost_model.main(argv)
+    if "--ceiling" in argv:  # the engine at controlled acceptance (synthetic drafter): see ceiling.py
+        from . import ceiling
+
+        return ceiling.main(argv)
     args = _parser().parse_args(argv)
     return run_guarded(lambda: run(args, command="python -m specdec_core.bench " + shlex.join(argv)))
 

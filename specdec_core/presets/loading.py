@@ -321,11 +321,11 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
     not slow. A failure leaves that model eager: one log line and one note say why.
     """
     from ..policy import MAX_DRAFT_LENGTH
-    from ..static_runner import DRAFT_STEP_SIZES, StaticSteps, wants_compile
+    from ..static_runner import DRAFT_STEP_SIZES, StaticSteps, step_buckets, wants_compile
 
     if not wants_compile(setting, target.device):
         return None, None
-    verify_sizes = range(1, max(MAX_DRAFT_LENGTH, preset.draft_length) + 2)  # 1 token, and k+1
+    verify_sizes = step_buckets(max(MAX_DRAFT_LENGTH, preset.draft_length) + 1)  # 1 token, and k+1 padded up
     runners = []
     for role, model, sizes in (("target", target, verify_sizes), ("draft", draft, DRAFT_STEP_SIZES)):
         if model is None:

@@ -1,0 +1,549 @@
+"""The engine's ceiling: speedup at controlled acceptance, against Leviathan et al.'s prediction.
+
+    python -m specdec_core.bench --ceiling --preset smollm2-135m-local --prompts 4 --max-new-tokens 128
+    python -m specdec_core.bench --ceiling --target-config qwen2.5-7b --device cuda --compile
+
+A SyntheticDrafter (synthetic.py) proposes each token of the target's own greedy reply right
+with probability a. For each a, each fixed draft length k and the adaptive policy, the engine
+decodes every prompt; its decoding time (the prompt prefill left out, as the formula leaves it
+out) is compared with ours-baseline's on the same prompts, runs interleaved. The prediction is
+Leviathan's (1 - a^(g+1)) / ((1 - a)(g c + v_g)) with v_g (a verify step over 1 + g tokens /
+a 1-token step) probed through the same runner the engine uses (compiled steps when they are in
+use) and c measured from the drafter's time; for the adaptive engine it is the best fixed g's.
+Efficiency = measured / predicted. Where the rounds' time goes is measured, too: drafting,
+target forwards, acceptance, rollback (cache crops), and the rest (the engine's Python).
+
+Writes DIR/ceiling.json, DIR/ceiling.md and DIR/ceiling.png (speedup against a).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..cli import inform, run_guarded
+from ..engine import SpeculativeEngine
+from ..runner import CachedModel
+from ..sampling import SamplingParams
+from ..theory import expected_tokens, leviathan_speedup
+from .cost_model import build_model, load_architecture, time_steps
+from .machine import load_average
+from .synthetic import COST_MODES, SyntheticDrafter
+
+ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+DRAFT_LENGTHS = (2, 4, 6, 8)
+ADAPTIVE = "adaptive"
+BASELINE = "ours-baseline"
+PROBE_SIZES = tuple(range(1, 10))  # a 1-token step and verify steps over 1 + g tokens, g <= 8
+PARTS = ("draft", "target_forward", "acceptance", "rollback", "other")
+
+
+@dataclass
+class Subject:
+    """What the ceiling runs on: a target, its tokenizer, the runner it decodes with, prompts."""
+
+    target: object
+    tokenizer: object
+    prompts: list[list[int]]
+    make_runner: Callable = CachedModel
+    description: dict = field(default_factory=dict)
+
+
+class _IdTokenizer:
+    """Enough of a tokenizer for random-weight models: ids decode to numbers, no EOS."""
+
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(f" {int(i)}" for i in ids)
+
+
+def subject_from_preset(name: str, config_path=None, compile: bool | str | None = None, prompts: int = 4) -> Subject:
+    """A preset's target (no draft model), the project's own questions as chat prompts."""
+    from ..chat import chat_prompt_ids
+    from ..presets.loading import load_preset
+    from .questions import load_questions
+
+    models = load_preset(name, config_path, load_draft=False, compile=compile)
+    questions = _spread(load_questions(None, None, None), prompts)
+    ids = [chat_prompt_ids(models.tokenizer, [{"role": "user", "content": q.prompt}]) for q in questions]
+    description = {
+        "preset": models.preset.name,
+        "target": models.preset.target.label,
+        "dtype": str(models.target.dtype).removeprefix("torch."),
+        "device": str(models.target.device),
+        "decode_path": models.decode_path,
+        "prompts": [q.question_id for q in questions],
+        "notes": models.notes,
+    }
+    return Subject(models.target, models.tokenizer, ids, models.target_runner or CachedModel, description)
+
+
+def subject_from_architecture(
+    name: str,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    compile: bool = False,
+    prompts: int = 4,
+    prompt_tokens: int = 128,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    progress: bool = True,
+) -> Subject:
+    """A random-weight model of a known architecture (or a config.json), random-token prompts;
+    compile=True decodes through compiled static-cache steps (StaticSteps), as the app on a GPU."""
+    from ..static_runner import StaticSteps
+
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    target = build_model(load_architecture(name), dtype, device)
+    target.generation_config.eos_token_id = None  # random weights: run every reply to its length
+    generator = torch.Generator().manual_seed(seed + 1)
+    vocab = target.config.vocab_size
+    ids = [torch.randint(0, vocab, (prompt_tokens,), generator=generator).tolist() for _ in range(prompts)]
+    make_runner: Callable = CachedModel
+    if compile:
+        make_runner = StaticSteps(target, max_length=prompt_tokens + max_new_tokens + 16, name="target",
+                                  progress=progress)
+    description = {
+        "architecture": name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": str(device),
+        "decode_path": getattr(make_runner, "decode_path", "eager dynamic cache"),
+        "compile_s": getattr(make_runner, "warmup_s", None),
+        "prompt_tokens": prompt_tokens,
+        "weights": "random (step costs depend on the shapes only)",
+    }
+    return Subject(target, _IdTokenizer(), ids, make_runner, description)
+
+
+# ---------------------------------------------------------------- timing a round's parts
+
+
+class _RoundClock:
+    """Seconds spent in the target runner during one generation: prefill, forwards, crops."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.reset()
+
+    def reset(self) -> None:
+        self.prefill_s = self.forward_s = self.rollback_s = 0.0
+        self.forwards = 0
+
+
+class _TimedRunner:
+    """A target runner (CachedModel's interface) that times its forwards and crops."""
+
+    def __init__(self, runner, clock: _RoundClock) -> None:
+        self._runner, self._clock = runner, clock
+
+    @property
+    def length(self) -> int:
+        return self._runner.length
+
+    def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        clock = self._clock
+        started = time.perf_counter()
+        logits = self._runner.forward(token_ids, last_only)
+        clock._sync()  # on CUDA: the forward's own time, not the next host sync's
+        seconds = time.perf_counter() - started
+        if last_only:  # the engine's prefill (its round forwards want every position)
+            clock.prefill_s += seconds
+        else:
+            clock.forward_s += seconds
+            clock.forwards += 1
+        return logits
+
+    def crop(self, keep: int) -> None:
+        started = time.perf_counter()
+        self._runner.crop(keep)
+        self._clock.rollback_s += time.perf_counter() - started
+
+
+@dataclass
+class _Tally:
+    """Sums over one setting's timed runs."""
+
+    new_tokens: int = 0
+    decode_s: float = 0.0
+    forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    parts_s: dict = field(default_factory=lambda: {p: 0.0 for p in PARTS})
+    identical: bool = True
+
+    def add(self, stats, clock: _RoundClock, rounds: list[tuple[int, int]], same: bool) -> None:
+        decode = stats.wall_s - clock.prefill_s
+        self.new_tokens += stats.new_tokens
+        self.decode_s += decode
+        self.forwards += clock.forwards
+        self.drafted += stats.drafted_tokens
+        self.accepted += stats.accepted_tokens
+        self.rejections += sum(accepted < drafted for drafted, accepted in rounds)
+        accept = stats.verify_s - clock.prefill_s - clock.forward_s
+        parts = {"draft": stats.draft_s, "target_forward": clock.forward_s, "acceptance": accept,
+                 "rollback": clock.rollback_s}
+        parts["other"] = decode - sum(parts.values())
+        for name, seconds in parts.items():
+            self.parts_s[name] += seconds
+        self.identical &= same
+
+
+# ---------------------------------------------------------------- the run
+
+
+def run_ceiling(
+    subject: Subject,
+    *,
+    acceptances=ACCEPTANCES,
+    draft_lengths=DRAFT_LENGTHS,
+    adaptive: bool = True,
+    draft_cost: float = 0.0,
+    cost_mode: str = "sleep",
+    max_new_tokens: int = 128,
+    repeats: int = 1,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Measure every (a, setting) against ours-baseline; the JSON-ready result (module docstring).
+
+    draft_cost: c, the drafter's cost per drafted token as a share of a measured target step
+    (0: free); it is paid by sleeping or spinning (cost_mode)."""
+    from tqdm.auto import tqdm
+
+    _check(acceptances, draft_lengths, adaptive, draft_cost, cost_mode, max_new_tokens, repeats, subject.prompts)
+    device = subject.target.device
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    clock = _RoundClock(device)
+
+    def engine(drafter=None, k: int = 4, adaptive_k: bool = False) -> SpeculativeEngine:
+        return SpeculativeEngine(subject.target, subject.tokenizer, drafter=drafter, draft_length=k,
+                                 adaptive=adaptive_k, make_runner=lambda m: _TimedRunner(subject.make_runner(m), clock))
+
+    load_before = load_average()
+    started = time.perf_counter()
+    baseline = engine()
+    # The target's own greedy replies (also a warm-up); each run frees its runner (a static cache).
+    references = [_generate(baseline, p, [], params, clock, seed=0)[2] for p in subject.prompts]
+    costs = probe_costs(subject, max_new_tokens)
+    cost_s = draft_cost * costs["target_step_ms"] / 1e3
+    settings = [*(f"k={k}" for k in draft_lengths), *([ADAPTIVE] if adaptive else [])]
+    engines = {(BASELINE, None): baseline}
+    for a in acceptances:
+        for s in settings:
+            drafter = SyntheticDrafter(a, cost_s=cost_s, cost_mode=cost_mode, seed=seed)
+            k = 4 if s == ADAPTIVE else int(s.removeprefix("k="))
+            engines[s, a] = engine(drafter, k, adaptive_k=s == ADAPTIVE)
+    warm = dataclasses.replace(params, max_new_tokens=min(16, max_new_tokens))
+    for key, e in engines.items():  # one untimed short run each (compiles nothing new: same runner)
+        _generate(e, subject.prompts[0], references[0], warm, clock, seed=-1)
+    tallies = {key: _Tally() for key in engines}
+    order = list(engines)
+    bar = tqdm(total=len(order) * len(subject.prompts) * repeats, desc="ceiling", unit="run",
+               file=sys.stderr, disable=not progress)
+    for i, prompt in enumerate(subject.prompts):
+        for r in range(repeats):
+            shift = (i * repeats + r) % len(order)
+            for key in order[shift:] + order[:shift]:  # rotating order: drift hits all settings alike
+                stats, rounds, tokens = _generate(engines[key], prompt, references[i], params, clock, seed=i * 1000 + r)
+                tallies[key].add(stats, clock, rounds, tokens == references[i])
+                bar.update(1)
+    bar.close()
+    result = {
+        "subject": subject.description,
+        "machine": {"load_before": load_before, "load_after": load_average(), "torch_threads": torch.get_num_threads(),
+                    "device": _device_name(device)},
+        "versions": _versions(),
+        "settings": {"acceptances": list(acceptances), "draft_lengths": list(draft_lengths), "adaptive": adaptive,
+                     "draft_cost_c": draft_cost, "cost_mode": cost_mode, "prompts": len(subject.prompts),
+                     "prompt_tokens": [len(p) for p in subject.prompts], "max_new_tokens": max_new_tokens,
+                     "repeats": repeats, "elapsed_s": None},
+        "costs": costs,
+        "baseline": _baseline_figures(tallies[BASELINE, None]),
+        "results": [],
+    }
+    for (s, a), tally in tallies.items():
+        if s == BASELINE:
+            continue
+        result["results"].append(_figures(s, a, tally, tallies[BASELINE, None], costs))
+    result["settings"]["elapsed_s"] = round(time.perf_counter() - started, 1)
+    result["identical"] = all(t.identical for t in tallies.values())
+    return result
+
+
+def _generate(engine: SpeculativeEngine, prompt, reference, params, clock: _RoundClock, seed: int):
+    """One generation from an empty cache: (stats, rounds, tokens)."""
+    engine.forget()
+    if isinstance(engine.drafter, SyntheticDrafter):
+        engine.drafter.set_reference(prompt + reference, seed=seed)
+    clock.reset()
+    result = engine.generate(prompt, params)
+    rounds = list(result.stats.rounds)
+    engine.forget()  # frees the runner (a static cache slot) for the next engine
+    return result.stats, rounds, result.token_ids
+
+
+def probe_costs(subject: Subject, max_new_tokens: int, repeats: int = 7) -> dict:
+    """Target step and verify times through the engine's own runner, at a mid-reply context."""
+    prompt = sorted(subject.prompts, key=len)[(len(subject.prompts) - 1) // 2]
+    context = len(prompt) + max_new_tokens // 2
+    tokens = (prompt * (context // len(prompt) + 2))[: context + max(PROBE_SIZES)]
+    ms = time_steps(subject.make_runner, subject.target, tokens, context, list(PROBE_SIZES), repeats,
+                    subject.target.device)
+    step = ms[1]
+    return {
+        "context_tokens": context,
+        "target_step_ms": round(step, 3),
+        "verify_ms": {str(size - 1): round(t, 3) for size, t in ms.items() if size > 1},
+        "v": {str(size - 1): round(t / step, 4) for size, t in ms.items() if size > 1},
+        "runner": getattr(subject.make_runner, "decode_path", "eager dynamic cache"),
+    }
+
+
+def _figures(setting: str, a: float, tally: _Tally, base: _Tally, costs: dict) -> dict:
+    step_s = costs["target_step_ms"] / 1e3
+    v = {int(g): ratio for g, ratio in costs["v"].items()}
+    c = tally.parts_s["draft"] / tally.drafted / step_s if tally.drafted else 0.0
+    if setting == ADAPTIVE:  # what the best fixed draft length would give, by the formula
+        g, predicted = max(((g, leviathan_speedup(a, g, c, v[g])) for g in sorted(v)), key=lambda t: t[1])
+    else:
+        g = int(setting.removeprefix("k="))
+        predicted = leviathan_speedup(a, g, c, v[min(g, max(v))])
+    measured = base.decode_s / tally.decode_s if tally.decode_s else None
+    tried = tally.accepted + tally.rejections
+    rounds = max(tally.forwards, 1)
+    return {
+        "acceptance": a,
+        "setting": setting,
+        "tokens_per_target_forward": round(tally.new_tokens / rounds, 3),
+        "expected_tokens_per_forward": round(expected_tokens(a, g), 3),
+        "tokens_per_second": round(tally.new_tokens / tally.decode_s, 2) if tally.decode_s else None,
+        "speedup": round(measured, 3) if measured else None,
+        "predicted_speedup": round(predicted, 3),
+        "predicted_g": g,
+        "efficiency": round(measured / predicted, 3) if measured else None,
+        "c": round(c, 4),
+        "measured_acceptance": round(tally.accepted / tried, 3) if tried else None,
+        "mean_draft_length": round(tally.drafted / rounds, 2),
+        "ms_per_round": {p: round(1e3 * s / rounds, 3) for p, s in tally.parts_s.items()},
+        "identical": tally.identical,
+    }
+
+
+def _baseline_figures(tally: _Tally) -> dict:
+    rounds = max(tally.forwards, 1)
+    return {
+        "tokens_per_second": round(tally.new_tokens / tally.decode_s, 2) if tally.decode_s else None,
+        "new_tokens": tally.new_tokens,
+        "ms_per_round": {p: round(1e3 * s / rounds, 3) for p, s in tally.parts_s.items()},
+    }
+
+
+def _check(acceptances, draft_lengths, adaptive, draft_cost, cost_mode, max_new_tokens, repeats, prompts) -> None:
+    if not acceptances or any(not 0.0 <= a <= 1.0 for a in acceptances):
+        raise ValueError("--acceptance takes values in [0, 1], e.g. 0.5,0.8,1.0")
+    if any(not 1 <= k <= max(PROBE_SIZES) - 1 for k in draft_lengths) or (not draft_lengths and not adaptive):
+        raise ValueError(f"--draft-lengths takes values from 1 to {max(PROBE_SIZES) - 1} (or leave adaptive on)")
+    if draft_cost < 0:
+        raise ValueError(f"--draft-cost must be >= 0 (a share of a target step), got {draft_cost}")
+    if cost_mode not in COST_MODES:
+        raise ValueError(f"--draft-cost-mode must be one of {', '.join(COST_MODES)}")
+    if max_new_tokens < 1 or repeats < 1 or not prompts:
+        raise ValueError("--max-new-tokens, --repeats and --prompts must be >= 1")
+
+
+def _spread(questions: list, count: int) -> list:
+    """`count` questions spread over the families (the file lists them family by family)."""
+    if count < 1:
+        raise ValueError(f"--prompts must be >= 1, got {count}")
+    step = max(len(questions) // count, 1)
+    return questions[::step][:count]
+
+
+def _device_name(device: torch.device) -> str:
+    from .cost_model import _device_name as name
+
+    return name(device)
+
+
+def _versions() -> dict:
+    import platform
+
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+# ---------------------------------------------------------------- the report
+
+
+def markdown(result: dict) -> str:
+    """The result as markdown: the settings, then one row per (a, setting), then where the time goes."""
+    s, subject, costs = result["settings"], result["subject"], result["costs"]
+    what = subject.get("preset") or subject.get("architecture")
+    machine = result["machine"]
+    lines = [
+        f"Ceiling run on {machine['device']}: {what} ({subject.get('dtype')}, {subject.get('decode_path')}), "
+        f"{s['prompts']} prompts of {min(s['prompt_tokens'])}-{max(s['prompt_tokens'])} tokens, "
+        f"{s['max_new_tokens']} new tokens, {s['repeats']} timed run(s) each, greedy; synthetic drafter at "
+        f"c = {s['draft_cost_c']:g} ({s['cost_mode'] if s['draft_cost_c'] else 'free'}); torch threads "
+        f"{machine['torch_threads']}, load average {machine['load_before']} before, {machine['load_after']} after; "
+        f"{s['elapsed_s']:.0f} s. torch {result['versions']['torch']}, transformers {result['versions']['transformers']}.",
+        "",
+        f"Probed through the engine's runner ({costs['runner']}) at {costs['context_tokens']} tokens of context: "
+        f"target step {costs['target_step_ms']:.2f} ms; v (verify over 1 + g tokens / step): "
+        + ", ".join(f"g={g} {v:.2f}" for g, v in costs["v"].items()) + ".",
+        f"ours-baseline: {result['baseline']['tokens_per_second']} tokens/s of decoding. Every run gave ours-baseline's "
+        f"tokens: {'yes' if result['identical'] else 'NO'}.",
+        "",
+        "| a | setting | tokens / target forward | tokens/s | speedup | predicted | efficiency | mean k | c |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["results"]:
+        predicted = f"{r['predicted_speedup']:.2f}x" + (f" (g={r['predicted_g']})" if r["setting"] == ADAPTIVE else "")
+        lines.append(
+            f"| {r['acceptance']:g} | {r['setting']} | {r['tokens_per_target_forward']:.2f} | {r['tokens_per_second']:.1f} "
+            f"| {r['speedup']:.2f}x | {predicted} | {r['efficiency']:.2f} | {r['mean_draft_length']:.1f} | {r['c']:.3f} |"
+        )
+    focus = min({r["acceptance"] for r in result["results"]}, key=lambda a: abs(a - 0.8))
+    lines += [
+        "",
+        f"Where a round's time goes at a = {focus:g} (ms per target forward; acceptance is the engine's accept "
+        "step after the forward, other is the rest of the round loop: policy, stats, events, detokenizing):",
+        "",
+        "| setting | " + " | ".join(PARTS) + " | total |",
+        "|---|" + "---|" * (len(PARTS) + 1),
+    ]
+    rows = [("ours-baseline", result["baseline"]["ms_per_round"])]
+    rows += [(r["setting"], r["ms_per_round"]) for r in result["results"] if r["acceptance"] == focus]
+    for name, parts in rows:
+        lines.append(f"| {name} | " + " | ".join(f"{parts[p]:.2f}" for p in PARTS) + f" | {sum(parts.values()):.2f} |")
+    return "\n".join(lines)
+
+
+def plot(path: Path, result: dict) -> None:
+    """Speedup against a: measured (solid, dots) and predicted (dashed), one colour per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    settings = list(dict.fromkeys(r["setting"] for r in result["results"]))
+    for i, setting in enumerate(settings):
+        rows = sorted((r for r in result["results"] if r["setting"] == setting), key=lambda r: r["acceptance"])
+        xs = [r["acceptance"] for r in rows]
+        colour = f"C{i}"
+        ax.plot(xs, [r["speedup"] for r in rows], "o-", color=colour, label=f"{setting} measured")
+        ax.plot(xs, [r["predicted_speedup"] for r in rows], "--", color=colour, alpha=0.7, label=f"{setting} predicted")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("acceptance a (synthetic drafter)")
+    ax.set_ylabel("speedup over ours-baseline (decoding)")
+    subject = result["subject"]
+    ax.set_title(f"{subject.get('preset') or subject.get('architecture')} on {result['machine']['device']}, "
+                 f"c = {result['settings']['draft_cost_c']:g}", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(out: Path, result: dict) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "ceiling.json", out / "ceiling.md", out / "ceiling.png"]
+    paths[0].write_text(json.dumps(result, indent=2) + "\n")
+    paths[1].write_text(markdown(result) + "\n")
+    plot(paths[2], result)
+    return paths
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--ceiling"]
+    args = _parser().parse_args(argv)
+    return run_guarded(lambda: _run(args, "python -m specdec_core.bench --ceiling " + shlex.join(argv)))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m specdec_core.bench --ceiling", description=__doc__.splitlines()[0])
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--preset", help="a preset's target (default: smollm2-135m-local)")
+    which.add_argument("--target-config", help="a random-weight target: an architecture of the cost model "
+                       "(qwen2.5-7b, qwen2.5-0.5b, smollm2-135m, tiny, ...) or a config.json")
+    p.add_argument("--config", help="a models.yaml of your own (with --preset)")
+    p.add_argument("--device", default="auto", help="with --target-config: auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="with --target-config: auto is bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode through compiled static-cache steps (default: the preset's setting; "
+                        "with --target-config, on with CUDA)")
+    p.add_argument("--acceptance", default=",".join(f"{a:g}" for a in ACCEPTANCES), help="comma-separated a values")
+    p.add_argument("--draft-lengths", default=",".join(map(str, DRAFT_LENGTHS)), help="fixed k values, comma-separated")
+    p.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive policy")
+    p.add_argument("--draft-cost", type=float, default=0.0, help="c: the drafter's cost per token as a share of a "
+                   "measured target step (default 0: free)")
+    p.add_argument("--draft-cost-mode", default="sleep", choices=COST_MODES)
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--prompt-tokens", type=int, default=128, help="with --target-config: random prompt length")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and setting")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench_out", help="output folder (ceiling.json, ceiling.md, ceiling.png)")
+    return p
+
+
+def _run(args: argparse.Namespace, command: str) -> int:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if args.target_config:
+        from .cost_model import _dtype
+
+        device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+        compile = device.type == "cuda" if args.compile is None else args.compile
+        subject = subject_from_architecture(
+            args.target_config, device=device, dtype=_dtype(args.dtype, device), compile=compile,
+            prompts=args.prompts, prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        )
+    else:
+        subject = subject_from_preset(args.preset or "smollm2-135m-local", args.config, args.compile, args.prompts)
+    result = run_ceiling(
+        subject,
+        acceptances=_numbers(args.acceptance, float),
+        draft_lengths=_numbers(args.draft_lengths, int),
+        adaptive=not args.no_adaptive,
+        draft_cost=args.draft_cost,
+        cost_mode=args.draft_cost_mode,
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        seed=args.seed,
+    )
+    result["command"] = command
+    paths = write(Path(args.out), result)
+    print(markdown(result))
+    inform(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0 if result["identical"] else 1
+
+
+def _numbers(text: str, kind: type) -> list:
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
