@@ -364,6 +364,12 @@ def _menu_drafter(drafter: str | None) -> str:
     return drafter if drafter in dict((v, k) for k, v in DRAFTERS) else "prompt_lookup"
 
 
+def _low_precision(model) -> str | None:
+    """The target's dtype if greedy identity can break at a rounding tie there (bf16, fp16)."""
+    name = str(getattr(model, "dtype", "")).removeprefix("torch.")
+    return name if name in ("bfloat16", "float16") else None
+
+
 def _models_text(holder: ModelHolder) -> str:
     return _describe(holder.models) if holder.models else R.models_markdown(None)
 
@@ -471,7 +477,8 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
 
     live_text = live.finish(stats, sources)
     identical = (base_ids == token_ids) if params.greedy else None
-    speedup_text = R.speedup_markdown(stats, base_stats, identical) if settings.compare else gr.skip()
+    speedup_text = (R.speedup_markdown(stats, base_stats, identical, _low_precision(engine.target_model))
+                    if settings.compare else gr.skip())
     drafter = "none" if baseline_reply else dict((v, k) for k, v in DRAFTERS).get(settings.drafter, settings.drafter)
     kind = "side by side" if settings.compare else ("baseline" if baseline_reply else "speculative")
     meter.log.add(S.history_row(len(meter.log.rows) + 1, turn["user"], kind, drafter, stats, live.rate))

@@ -189,10 +189,15 @@ def acceptance_frame(stats: Mapping | None) -> pd.DataFrame:
     return frame.astype({"position": str, "acceptance": float, "drafted": int})
 
 
-def speedup_markdown(spec: Mapping | None, base: Mapping | None, identical: bool | None) -> str:
+def speedup_markdown(
+    spec: Mapping | None, base: Mapping | None, identical: bool | None, low_precision: str | None = None
+) -> str:
     """The side-by-side result: speculative tokens/s over baseline tokens/s.
 
-    `identical` is None for sampled decoding, where outputs differ by design.
+    `identical` is None for sampled decoding, where outputs differ by design. `low_precision`:
+    the target's dtype when it is bfloat16 or float16. Greedy outputs are identical in float32;
+    in those dtypes a near-tie between two tokens can round differently in a 1-token step and a
+    (k+1)-token verify step, so the outputs are identical or differ from such a tie on.
     """
     if not spec or not base:
         return "Speedup: tick **side by side** and send a message to compare with the baseline."
@@ -203,7 +208,12 @@ def speedup_markdown(spec: Mapping | None, base: Mapping | None, identical: bool
     line = f"**Speedup: {spec_tps / base_tps:.2f}×** (speculative {spec_tps:.1f} tok/s vs baseline {base_tps:.1f} tok/s)"
     if identical is None:
         return line + " · sampling: the two outputs differ by design"
-    return line + (" · outputs identical ✓" if identical else " · outputs DIFFER ✗")
+    if identical:
+        return line + " · outputs identical ✓"
+    if low_precision:
+        return line + (f" · outputs differ from a rounding tie on ({low_precision}: a 1-token step and a verify "
+                       "step can round a near-tie apart; in float32 they are identical)")
+    return line + " · outputs DIFFER ✗"
 
 
 def models_markdown(description: str | None, notes: Sequence[str] = ()) -> str:

@@ -252,6 +252,31 @@ def test_traced_rounds_agree_with_the_engine_stats(tiny_app_config):
         assert run.new_tokens == stats.new_tokens
 
 
+def test_engine_counted_rounds_equal_the_hook_trace_and_survive_compiled_steps(tiny_app_config):
+    """Our methods take their rounds from the engine (Stats.rounds); on the eager path that is
+    exactly what the forward hook traces, and on compiled steps, where hooks don't fire, it
+    still counts every round."""
+    from specdec_core.bench.methods import OursMethod, trace_forwards
+    from specdec_core.engine import SpeculativeEngine
+    from specdec_core.drafters import PromptLookupDrafter
+    from specdec_core.presets.loading import load_preset
+    from specdec_core.sampling import SamplingParams
+    from specdec_core.static_runner import StaticSteps
+
+    models = load_preset("tiny", tiny_app_config)
+    prompt, params = list(range(100, 120)) * 3, SamplingParams(max_new_tokens=12)
+    eager = OursMethod("ours-lookup", models.make_engine(drafter="prompt_lookup", draft_length=3, adaptive=False))
+    with trace_forwards(models.target) as calls:
+        run = timed_run(eager, prompt, params)
+    assert run.rounds == rounds_from_trace(calls, len(prompt), len(prompt) + run.new_tokens)
+    steps = StaticSteps(models.target, step_sizes=(1, 4), max_length=128, backend="eager", progress=False)
+    compiled = OursMethod("ours-lookup", SpeculativeEngine(models.target, models.tokenizer, PromptLookupDrafter(),
+                                                           draft_length=3, adaptive=False, make_runner=steps))
+    compiled_run = timed_run(compiled, prompt, params)
+    assert steps.decode_path == "compiled static cache"
+    assert compiled_run.rounds == run.rounds and compiled_run.token_ids == run.token_ids
+
+
 def test_a_mismatch_of_our_method_exits_non_zero(tiny_app_config, tmp_path, monkeypatch):
     from specdec_core.bench import methods as bench_methods
 

@@ -173,6 +173,9 @@ def test_speedup_text():
     assert "**Speedup: 2.00×**" in R.speedup_markdown(STATS, base, True)
     assert "identical ✓" in R.speedup_markdown(STATS, base, True)
     assert "DIFFER" in R.speedup_markdown(STATS, base, False)
+    tie = R.speedup_markdown(STATS, base, False, "bfloat16")  # on a GPU in bf16: say what it means
+    assert "rounding tie" in tie and "in float32 they are identical" in tie and "DIFFER" not in tie
+    assert "identical ✓" in R.speedup_markdown(STATS, base, True, "bfloat16")
     assert "by design" in R.speedup_markdown(STATS, base, None)
     assert "side by side" in R.speedup_markdown(None, None, None)
     assert "no tokens" in R.speedup_markdown(STATS, dict(base, tokens_per_second=0.0), True)

@@ -12,9 +12,10 @@ All methods run the same loaded model, so on CPU Hugging Face's too runs on the 
 layers (packed_linear): the methods differ only in how they decode.
 
 Every method is timed with the same wall clock around one whole generation. What each target
-forward did (how many tokens were drafted, how many kept) is read the same way for all methods:
-a forward pre-hook on the target records the cache length and the number of input tokens of
-every call, and `rounds_from_trace` turns that into (drafted, accepted) per decoding round.
+forward did (how many tokens were drafted, how many kept) is read from the engine's own count
+for our methods (Stats.rounds: hooks don't fire inside compiled steps), and for Hugging Face's
+from a forward pre-hook on the target that records the cache length and the number of input
+tokens of every call, which `rounds_from_trace` turns into (drafted, accepted) per round.
 """
 
 from __future__ import annotations
@@ -244,6 +245,12 @@ def timed_run(method, prompt_ids: list[int], params: SamplingParams) -> Run:
         token_ids = method.generate(prompt_ids, params)
         wall_s = time.perf_counter() - start
         return Run(method.name, token_ids, wall_s, [(0, 0)] * len(token_ids))
+    if isinstance(method, OursMethod):
+        # Our engine counts its own rounds: hooks on the model don't fire inside compiled steps.
+        start = time.perf_counter()
+        token_ids = method.generate(prompt_ids, params)
+        wall_s = time.perf_counter() - start
+        return Run(method.name, token_ids, wall_s, list(method.engine.stats.rounds))
     with trace_forwards(method.target) as calls:
         start = time.perf_counter()
         token_ids = method.generate(prompt_ids, params)

@@ -133,7 +133,8 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     inform("probing step costs ...")
     draft = models.draft  # None unless a method needs it (load_draft above)
     max_k = min(MAX_PROBED_DRAFT, max([1] + [d for rs in runs.values() for r in rs for d, _ in r.rounds]))
-    costs = probe_all(models.target, draft, _representative_prompts(questions, prompts), max_k)
+    costs = probe_all(models.target, draft, _representative_prompts(questions, prompts), max_k,
+                      target_runner=models.target_runner, draft_runner=models.draft_runner)
     summary = summarize(questions, runs, methods, params.greedy, costs)
     overall = {m: per_family["overall"]["tokens_per_second"] for m, per_family in summary["results"].items()}
     own = {m.name: gguf_bytes_per_step(m.gguf_path) for m in bench_methods if m.name == LLAMACPP}

@@ -65,20 +65,24 @@ class ProbedCosts:
 
 
 def measure_step_costs(
-    target, draft, prompt_ids: list[int], max_k: int, repeats: int = 5
+    target, draft, prompt_ids: list[int], max_k: int, repeats: int = 5,
+    target_runner=None, draft_runner=None,
 ) -> ProbedCosts:
     """Time the steps a round is made of, after a prefill of all but the prompt's last token.
 
     Each probe is a forward over [last, d1..dk] (or the draft's [last]), cropped back afterwards,
     so every probe sees the same context length; the median of `repeats` timings is kept.
+    target_runner / draft_runner: the make_runner the engine decodes with (compiled static-cache
+    steps when they are in use; None: CachedModel), so the prediction prices the steps that ran.
     """
     context = len(prompt_ids) - 1
     filler = (prompt_ids * (max_k // max(len(prompt_ids), 1) + 1))[:max_k]  # any real tokens
     tokens = prompt_ids + filler  # tokens[context : context + k + 1] == [last, *filler[:k]]
-    verify_ms = time_steps(CachedModel, target, tokens, context, list(range(1, max_k + 2)), repeats, target.device)
+    verify_ms = time_steps(target_runner or CachedModel, target, tokens, context, list(range(1, max_k + 2)), repeats,
+                           target.device)
     draft_step = None
     if draft is not None:
-        draft_step = time_steps(CachedModel, draft, tokens, context, [1], repeats, draft.device)[1] / 1e3
+        draft_step = time_steps(draft_runner or CachedModel, draft, tokens, context, [1], repeats, draft.device)[1] / 1e3
     lookup = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -126,6 +130,11 @@ def theory_check(
     }
 
 
-def probe_all(target, draft, prompts: dict[str, list[int]], max_k: int, repeats: int = 5) -> dict[str, ProbedCosts]:
-    """ProbedCosts for each category's representative prompt."""
-    return {name: measure_step_costs(target, draft, ids, max_k, repeats) for name, ids in prompts.items()}
+def probe_all(
+    target, draft, prompts: dict[str, list[int]], max_k: int, repeats: int = 5, target_runner=None, draft_runner=None
+) -> dict[str, ProbedCosts]:
+    """ProbedCosts for each category's representative prompt, through the runners in use."""
+    return {
+        name: measure_step_costs(target, draft, ids, max_k, repeats, target_runner, draft_runner)
+        for name, ids in prompts.items()
+    }
