@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from specdec_core.bench.machine import load_average  # noqa: E402
+from specdec_core.bench.machine import load_average, weight_bytes_read_per_step  # noqa: E402
 from specdec_core.int4_linear import use_gguf_weights  # noqa: E402
 from specdec_core.packed_linear import pack_linear_layers  # noqa: E402
 from specdec_core.presets.loading import load_preset  # noqa: E402
@@ -63,12 +63,15 @@ def main() -> int:
     parser.add_argument("--out", help="also write the result as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    result: dict = {"threads": args.threads, "repeats": args.repeats, "ms": {}}
     contexts = [int(c) for c in args.contexts.split(",")]
     sizes = [int(s) for s in args.sizes.split(",")]
     models = variants(args.with_draft)
+    result["weight_bytes_per_step"] = {name: weight_bytes_read_per_step(model) for name, model in models.items()}
+    for name, size in result["weight_bytes_per_step"].items():
+        print(f"{name:15s} reads {size / 1e6:.0f} MB of weights per step", flush=True)
     load_before = load_average()
     tokens = torch.randint(0, 49152, (max(contexts) + max(sizes),), generator=torch.Generator().manual_seed(0)).tolist()
-    result: dict = {"threads": args.threads, "repeats": args.repeats, "ms": {}}
     with torch.inference_mode():
         for context in contexts:
             runners = {name: CachedModel(model) for name, model in models.items()}

@@ -46,7 +46,7 @@ def _stored_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()  # a prepacked oneDNN weight: its logical size
 
 
-def measure_read_bandwidth(megabytes: int = 1024, repeats: int = 5) -> float:
+def measure_read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     """Bytes/s this CPU reads: the best of `repeats` sums over a tensor far larger than its caches,
     with torch's current thread count (what decoding uses)."""
     data = torch.ones(megabytes * 2**20 // 4)
@@ -83,7 +83,7 @@ def bandwidth_ceiling(
         "weight_bytes_per_step": weight_bytes,
         "own_weight_bytes_per_step": own,
         "read_bandwidth_gbs": round(bandwidth / 1e9, 1),
-        "bandwidth_source": "measured: sum over a 1 GiB tensor, best of 5",
+        "bandwidth_source": "measured: sum over a 512 MiB tensor, best of 5",
         "ceiling_tokens_per_s": round(bandwidth / weight_bytes, 1),
         "share_of_ceiling": {
             m: round(tps * own.get(m, weight_bytes) / bandwidth, 3) for m, tps in tokens_per_second.items()
