@@ -29,6 +29,7 @@ def test_the_tiny_check_runs_every_part_and_writes_its_report(tmp_path):
     text = (tmp_path / "gpu_check.md").read_text()
     assert "| correctness | pass |" in text and "| app | pass |" in text
     assert (tmp_path / "cost_model.md").exists() and (tmp_path / "ceiling_free.md").exists()
+    assert parts["eagle_cost"]["data"]["cost_model"]["eagle"]["step_ms"] > 0
 
 
 def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path, monkeypatch):

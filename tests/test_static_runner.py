@@ -357,3 +357,15 @@ def test_loading_builds_compiled_runners_and_says_so(compile_presets, monkeypatc
     assert load_preset("fast", compile_presets, compile=False).decode_path == EAGER_DYNAMIC  # the flag wins
     unload(fast)
     assert fast.target_runner is None and fast.draft_runner is None
+
+
+def test_cost_model_times_an_eagle_head_of_the_targets_shape(tmp_path):
+    result = cost_model.run_cost_model("tiny", "tiny-draft", context=8, max_k=2, repeats=1, modes=("eager",),
+                                       bandwidth_gbs=10.0, progress=False, eagle=True)
+    head = result["eagle"]
+    assert head["step_ms"] > 0 and head["parameters"] > 0 and len(head["layer_ids"]) == 3
+    assert head["modes"]["eager"]["c"] == pytest.approx(head["step_ms"] / result["modes"]["eager"]["target_step_ms"],
+                                                        rel=1e-2)
+    table = cost_model.markdown_table(result)
+    assert "| c of the EAGLE-3 head |" in table and "EAGLE-3: predicted speedup at acceptance 0.8" in table
+    assert "llama-3.1-8b" in cost_model.ARCHITECTURES and "llama-3.2-1b" in cost_model.ARCHITECTURES

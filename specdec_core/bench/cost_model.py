@@ -59,6 +59,16 @@ ARCHITECTURES: dict[str, dict] = {
         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
         max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
     ),
+    "llama-3.1-8b": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    ),
+    "llama-3.2-1b": dict(
+        model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+    ),
     # For tests: seconds on a CPU.
     "tiny": dict(
         model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -99,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             bandwidth_gbs=args.bandwidth_gbs,
             seed=args.seed,
             cache_length=args.cache_length,
+            eagle=args.eagle,
         )
     except (ValueError, OSError, MemoryError, torch.OutOfMemoryError) as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
@@ -131,6 +142,8 @@ def _parser() -> argparse.ArgumentParser:
                    "known GPUs; on CPU a measured memcpy)")
     p.add_argument("--cache-length", type=int, help="static cache slots of the compiled mode (default: the app's, "
                    "which every step attends over)")
+    p.add_argument("--eagle", action="store_true", help="also time an EAGLE-3 head of the target's shape "
+                   "(random weights, eager) and its c")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out/cost_model", help="writes OUT.json and OUT.md")
     return p
@@ -155,6 +168,7 @@ def run_cost_model(
     cache_length: int | None = None,
     built: dict | None = None,
     runners: dict | None = None,
+    eagle: bool = False,
 ) -> dict:
     """Measure both models in each mode; the JSON-ready result (see the module docstring).
 
@@ -162,7 +176,9 @@ def run_cost_model(
     cache of `cache_length` slots (default: the app's), which every step attends over.
     built: {"target": model, "draft": model} already on the device (their configs are still
     named for the report); runners: a dict that receives the compiled StaticSteps by role, so a
-    caller (the GPU check) can decode with them afterwards without compiling again."""
+    caller (the GPU check) can decode with them afterwards without compiling again.
+    eagle: also time a randomly initialised EAGLE-3 head of the target's shape (eagerly, as the
+    EagleDrafter runs it) and report its c against each mode's target step."""
     device = torch.device(device)
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
@@ -218,6 +234,8 @@ def run_cost_model(
         result["modes"][mode] = summarize(timings, result["models"]["target"]["weight_bytes_per_step"], bandwidth)
         if mode == "compiled":
             result["static_cache_tokens"] = runners["target"].max_length
+    if eagle:
+        result["eagle"] = eagle_costs(models["target"], context, repeats, device, result["modes"])
         _free(device)
     return result
 
@@ -315,6 +333,52 @@ def _runner_factory(mode: str, model, role: str, cache_length: int | None, progr
     info = {"path": steps.decode_path, "compile_s": round(steps.warmup_s, 1), "fallback": steps.fallback_reason,
             "step_sizes": list(steps.step_sizes)}
     return steps, info
+
+
+def eagle_costs(target, context: int, repeats: int, device: torch.device, modes: dict) -> dict:
+    """An EAGLE-3 head of the target's shape (random weights): its draft step time and, for each
+    mode's target, c and the predicted speedups."""
+    from ..drafters import Eagle3Head
+
+    head = Eagle3Head.random(target.config, dtype=next(target.parameters()).dtype).to(device)
+    step_ms = time_eagle_step(head, target, context, repeats, device)
+    out = {"parameters": head.parameter_count, "draft_vocab_size": head.draft_vocab_size,
+           "layer_ids": list(head.layer_ids), "step_ms": round(step_ms, 3), "path": "eager", "modes": {}}
+    for mode, numbers in modes.items():
+        step = numbers["target_step_ms"]
+        c = step_ms / step
+        relative_verify = {int(k): ms / step for k, ms in numbers["verify_ms"].items()}
+        out["modes"][mode] = {"c": round(c, 4), "predicted_speedup": {
+            str(a): best_speedup(a, c, relative_verify) for a in ACCEPTANCE_RATES}}
+    del head
+    return out
+
+
+def time_eagle_step(head, target, context: int, repeats: int, device: torch.device) -> float:
+    """Median ms of one EAGLE draft step after `context` positions are in the head's cache: the
+    logits of the last output, its argmax, that token's embedding, and the head's layer on it."""
+    from ..runner import growing_cache
+
+    embed = target.get_input_embeddings()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    width = head.config.hidden_size
+    with torch.inference_mode():
+        cache = growing_cache(head.config)
+        tokens = torch.tensor([_random_tokens(head.config.vocab_size, context)], device=device)
+        features = torch.randn(1, context, head.fc.in_features, device=device, dtype=head.fc.weight.dtype)
+        out = head(embed(tokens), head.project(features), cache)[0, -1]
+        times = []
+        for i in range(repeats + 2):
+            sync()
+            started = time.perf_counter()
+            token = head.to_target_ids(head.logits(out).argmax(-1))
+            step = head(embed(token.view(1, 1)), out.view(1, 1, width), cache)
+            sync()
+            if i >= 2:
+                times.append((time.perf_counter() - started) * 1000.0)
+            cache.crop(-1)
+        del step
+    return statistics.median(times)
 
 
 # ---------------------------------------------------------------- models and the device
@@ -468,6 +532,15 @@ def markdown_table(result: dict) -> str:
     for a in result["modes"][modes[0]]["predicted_speedup"]:
         row(f"predicted speedup at acceptance {a} (best k)",
             lambda r, a=a: f"{r['predicted_speedup'][a]['speedup']:.2f}x (k={r['predicted_speedup'][a]['draft_length']})")
+    if result.get("eagle"):
+        head = result["eagle"]
+        lines.append(f"| EAGLE-3 head step (ms; {_millions(head['parameters'])} params, eager) | "
+                     + " | ".join(f"{head['step_ms']:.2f}" for _ in modes) + " |")
+        lines.append("| c of the EAGLE-3 head | " + " | ".join(f"{head['modes'][m]['c']:.3f}" for m in modes) + " |")
+        for a in head["modes"][modes[0]]["predicted_speedup"]:
+            cells = [head["modes"][m]["predicted_speedup"][a] for m in modes]
+            lines.append(f"| EAGLE-3: predicted speedup at acceptance {a} (best k) | "
+                         + " | ".join(f"{x['speedup']:.2f}x (k={x['draft_length']})" for x in cells) + " |")
     fallbacks = [f"{m} {role}: {why}" for m in modes for role, why in result["modes"][m]["fallback"].items() if why]
     if fallbacks:
         lines += ["", "Compilation fell back to eager: " + "; ".join(fallbacks)]

@@ -49,7 +49,7 @@ from ..sampling import SamplingParams
 from .machine import load_average
 
 PASS, FAIL, NOT_RUN = "pass", "fail", "not run"
-PARTS = ("correctness", "fast_path", "ceiling", "bf16_ties", "loading", "app")
+PARTS = ("correctness", "fast_path", "ceiling", "bf16_ties", "loading", "eagle_cost", "app")
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,8 @@ class Scale:
     new_tokens: int = 48
     draft_layers: int = 2  # the correctness draft: the target's first layers (agrees often)
     loading_target: str = "qwen2.5-0.5b"  # saved to disk for the loading and app parts
+    eagle_target: str = "llama-3.1-8b"  # the EAGLE-3 head's c is measured over this target
+    eagle_draft: str = "llama-3.2-1b"
     ceiling_acceptances: tuple = (0.6, 0.8, 0.9)
     ceiling_tokens: int = 96
     cost_repeats: int = 20
@@ -73,7 +75,7 @@ class Scale:
 
 FULL = Scale(device="cuda", target="qwen2.5-7b", draft="qwen2.5-0.5b")
 TINY = Scale(device="cpu", target="tiny", draft="tiny-draft", prompts=2, prompt_tokens=16, new_tokens=16,
-             draft_layers=1, loading_target="tiny", ceiling_acceptances=(0.8,), ceiling_tokens=16, cost_repeats=2,
+             draft_layers=1, loading_target="tiny", eagle_target="tiny", eagle_draft="tiny-draft", ceiling_acceptances=(0.8,), ceiling_tokens=16, cost_repeats=2,
              context=16, backend="eager")
 
 
@@ -389,7 +391,8 @@ def part_fast_path(scale: Scale, part: Part, shared: dict, out: Path) -> str | N
     skips = _cudagraph_skips()
     result = run_cost_model(scale.target, scale.draft, device=scale.device, dtype="bfloat16", context=scale.context,
                             repeats=scale.cost_repeats, modes=("eager", "compiled"), progress=False, built=models,
-                            runners=runners, bandwidth_gbs=None if scale.device.startswith("cuda") else 10.0)
+                            runners=runners, bandwidth_gbs=None if scale.device.startswith("cuda") else 10.0,
+                            eagle=True)
     skipped = _cudagraph_skips() - skips
     compiled = result["modes"]["compiled"]
     part.data["cost_model"] = result
@@ -407,7 +410,32 @@ def part_fast_path(scale: Scale, part: Part, shared: dict, out: Path) -> str | N
     part.check("compiled baseline >= 60% of the bandwidth ceiling", fraction >= 0.6 if cuda else None,
                f"{fraction:.0%} ({compiled['baseline_tokens_per_s']} of {compiled['bandwidth_ceiling_tokens_per_s']} tok/s)")
     part.check("c <= 0.2 (compiled draft step / target step)", c <= 0.2 if cuda else None, f"c = {c}")
+    head = result["eagle"]["modes"]["compiled"]
+    part.check("EAGLE-3 head of the target's shape timed", True,
+               f"{result['eagle']['step_ms']} ms a step (eager), c = {head['c']} of a compiled target step")
     shared.update(models=models, runners=runners, c=c)
+    return None
+
+
+def part_eagle_cost(scale: Scale, part: Part, shared: dict, out: Path) -> str | None:
+    """The cost model over the EAGLE-3 target (Llama-3.1-8B shapes), with a head of its shape."""
+    from .cost_model import markdown_table, run_cost_model
+
+    shared.pop("models", None), shared.pop("runners", None), shared.pop("ceiling_subject", None)
+    _free({})
+    cuda = scale.device.startswith("cuda")
+    modes = ("eager", "compiled") if scale.backend == "inductor" else ("eager",)  # TINY: no codegen
+    result = run_cost_model(scale.eagle_target, scale.eagle_draft, device=scale.device, dtype="bfloat16",
+                            context=scale.context, repeats=scale.cost_repeats, modes=modes,
+                            progress=False, bandwidth_gbs=None if cuda else 10.0, eagle=True)
+    part.data["cost_model"] = result
+    table = markdown_table(result)
+    (out / "cost_model_eagle.md").write_text(table + "\n")
+    head = result["eagle"]
+    mode = modes[-1]
+    part.check(f"EAGLE-3 head's c over the {mode} target", True,
+               f"head {head['step_ms']} ms (eager, {head['parameters']} params), c = {head['modes'][mode]['c']} "
+               f"(the draft model's c = {result['modes'][mode]['c']})")
     return None
 
 
@@ -680,6 +708,7 @@ PART_FUNCTIONS: dict[str, Callable] = {
     "ceiling": part_ceiling,
     "bf16_ties": part_bf16_ties,
     "loading": part_loading,
+    "eagle_cost": part_eagle_cost,
     "app": part_app,
 }
 
