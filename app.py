@@ -324,7 +324,9 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
                     R.speedup_markdown(None, None, None), _models_text(holder),
                     S.live_markdown(None, None, None, 0.0), S.race_frame([]))
 
-    def change_preset(name: str, progress=gr.Progress()):
+    def change_preset(name: str, progress=gr.Progress(track_tqdm=True)):
+        # track_tqdm: compiling the steps (minutes on a GPU) shows its bar, shape by shape, with
+        # tqdm's estimate of the time left
         progress(0, desc=f"Loading preset {name}…")
         try:
             with holder.using(name) as models:  # what holder.get does, plus the calibration
@@ -336,7 +338,7 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
             raise gr.Error(user_message(error)) from None
         return _preset_controls(models)
 
-    def page_opened(progress=gr.Progress()):
+    def page_opened(progress=gr.Progress(track_tqdm=True)):
         """Show what is loaded; a fresh server loads the start preset now, not at launch."""
         return change_preset(preset if holder.models is None else "auto", progress)
 

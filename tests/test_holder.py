@@ -180,3 +180,18 @@ def test_auto_means_what_is_loaded_else_the_start_preset():
     assert holder.get("auto").preset.name == "b"
     assert holder.get("a").preset.name == "a" and holder.get("auto").preset.name == "a"
     assert loaded == ["b", "a"]
+
+
+def test_device_work_sees_the_callers_context_variables():
+    """Gradio keeps an event's progress tracker in a context variable: work on the device thread
+    must see it, or a load's compile bars would not reach the UI."""
+    import contextvars
+    import threading
+
+    from specdec_core.presets.holder import DeviceThread
+
+    tracker = contextvars.ContextVar("tracker", default=None)
+    device = DeviceThread()
+    tracker.set("event 1")
+    seen = device.run(lambda: (tracker.get(), threading.current_thread().name))
+    assert seen[0] == "event 1" and seen[1].startswith("specdec-device")

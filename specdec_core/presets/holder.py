@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -98,10 +99,13 @@ class DeviceThread:
         self._local.is_device = True
 
     def run(self, work: Callable[..., T], *args) -> T:
-        """work(*args) on the device thread (directly when already on it); its result or error."""
+        """work(*args) on the device thread (directly when already on it); its result or error.
+
+        It runs in a copy of the caller's context variables, so what the caller's framework keeps
+        there reaches it (gradio's progress tracking: the compile bars of a load show in the UI)."""
         if getattr(self._local, "is_device", False):
             return work(*args)
-        return self._executor.submit(work, *args).result()
+        return self._executor.submit(contextvars.copy_context().run, work, *args).result()
 
     def steps(self, iterator: Iterator[T]) -> Iterator[T]:
         """The items of `iterator`, each computed on the device thread; closing this closes it
