@@ -281,9 +281,12 @@ def test_a_drafter_the_preset_cannot_run_is_a_400(client):
         client.chat.completions.create(model="tiny-nodraft", messages=[{"role": "user", "content": "hi"}],
                                        extra_body={"speculative": {"drafter": "model"}})
     assert caught.value.body["param"] == "speculative.drafter"
-    with pytest.raises(openai.BadRequestError, match="EAGLE|eagle"):  # tiny-nodraft has no eagle: head either
+    with pytest.raises(openai.BadRequestError, match="eagle: head source") as caught:
         client.chat.completions.create(model="tiny-nodraft", messages=[{"role": "user", "content": "hi"}],
                                        extra_body={"speculative": {"drafter": "eagle"}})
+    assert caught.value.body["param"] == "speculative.drafter"
+    eagle = ask(client, max_tokens=4, extra_body={"speculative": {"drafter": "eagle"}})  # tiny has a head
+    assert eagle.model_extra["speculative"]["drafter"] == "eagle" and eagle.usage.completion_tokens == 4
 
 
 def test_beyond_16_waiting_is_a_429(server, client):
