@@ -38,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-p", type=float, default=1.0, help="1.0 is off (default)")
     generate.add_argument("--top-k", type=int, default=0, help="0 is off (default)")
     generate.add_argument("--max-new-tokens", type=int, default=256)
-    generate.add_argument("--seed", type=int, help="makes sampling reproducible")
+    generate.add_argument("--seed", type=int,
+                          help="makes sampling reproducible: the same seed, prompt and settings give the same "
+                               "tokens on this device and dtype (draft lengths then follow acceptance only)")
     generate.add_argument("--draft-length", type=int, help="tokens per draft (default: the preset's)")
     generate.add_argument("--no-adaptive", action="store_true", help="keep the draft length fixed")
     generate.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,

@@ -45,10 +45,13 @@ class SpeculativeEngine:
         adaptive: bool = True,
         stop_strings: Iterable[str] = (),
         make_runner: Callable[[object], CachedModel] = CachedModel,
+        kept: KeptRunner | None = None,
     ) -> None:
         """make_runner: builds the object that owns the target's KV cache, kept from one
         generation to the next (CachedModel, or a static-cache runner with the same
-        forward/crop/length interface)."""
+        forward/crop/length interface). kept: the target's kept cache, to share with other
+        engines of the same model (one kept conversation however many engines; only one of them
+        generates at a time); None: one of its own, made with make_runner."""
         # One policy for the engine's lifetime: measured step costs and acceptance carry over
         # from one reply to the next, so a draft that can't pay here isn't probed afresh each time.
         self.policy = DraftLengthPolicy(draft_length, adaptive)  # also validates draft_length
@@ -56,7 +59,6 @@ class SpeculativeEngine:
         self.tokenizer = tokenizer
         self.drafter = drafter if drafter is not None else Drafter()
         self.drafter.bind(self.target_model, tokenizer)
-        self.drafter.use_costs(self.policy.costs)
         # The target layers the drafter reads (none for most): captured during our own forwards.
         self._tap = FeatureTap(self.target_model, self.drafter.feature_layers)
         weakref.finalize(self, self._tap.close)
@@ -64,8 +66,9 @@ class SpeculativeEngine:
         self.adaptive = adaptive
         self.stop_strings = tuple(stop_strings)
         self.make_runner = make_runner
-        self._target = KeptRunner(make_runner, self.target_model)  # a chat's earlier turns stay read
-        self._generations = 0  # started so far; only the latest may keep what it read
+        if kept is not None and kept.model is not self.target_model:
+            raise ValueError("the kept cache belongs to another model than this engine's target")
+        self._target = kept or KeptRunner(make_runner, self.target_model)  # a chat's earlier turns stay read
         self.eos_ids = eos_token_ids(tokenizer, self.target_model)
         self.context_limit = context_limit(self.target_model)
         self.stats = Stats(draft_length=draft_length)
@@ -91,26 +94,34 @@ class SpeculativeEngine:
         consumer that stops iterating (or closes the generator) stops the computation.
         """
         context = self._checked_prompt(prompt_ids)
+        if params.seed is not None:
+            # Reproducible: read the whole prompt, as a fresh engine would (a kept cache holds
+            # earlier tokens computed in other chunks, which round differently).
+            self.forget()
         room_in_context = self.context_limit - len(context)
         budget = min(params.max_new_tokens, room_in_context)
-        self._generations += 1
-        generation = self._generations
         self.drafter.reset(context)  # first: it may need the target's features from further back
         call = _Call(
             params=params,
             context=context,
-            target=self._target.start(context, at_most=self.drafter.features_from()),
+            target=self._target.start(context, at_most=self.drafter.features_from()),  # a new generation
+            policy=self._policy_for(params),
             output=_Output(self.tokenizer, self.eos_ids, self.stop_strings, budget,
                            length_reason=LENGTH if params.max_new_tokens <= room_in_context else LENGTH_CONTEXT),
             generator=make_generator(params.seed, self.target_model.device),
         )
-        stats = self.stats = Stats(draft_length=self.policy.k)
+        generation = self._target.generation  # only the latest generation may keep what it read
+        self.drafter.use_costs(call.policy.costs)  # untimed with a seed: so are the drafter's choices
+        stats = self.stats = Stats(draft_length=call.policy.k)
         clock = _EngineClock()
         try:
             self._prefill(call)
             round_number = 0
             while True:
                 round_number += 1
+                if generation != self._target.generation:
+                    raise RuntimeError("another generation started on this model's kept cache: "
+                                       "an engine (and the engines sharing its cache) serves one at a time")
                 for token_id, source in self._round(call):
                     context.append(token_id)
                     event = call.output.add(token_id, source, round_number)
@@ -126,15 +137,22 @@ class SpeculativeEngine:
         except BaseException as error:
             # A consumer that stops iterating stops us between rounds, with whole caches; any
             # other exception may have stopped a forward halfway, and then nothing kept is sound.
-            if not isinstance(error, GeneratorExit):
+            if not isinstance(error, GeneratorExit) and generation == self._target.generation:
                 self.forget()
             raise
         finally:
             # Keep what was read for the next generation (no-ops after forget), unless a newer
             # one has started meanwhile (this stream was abandoned, and closed only now).
-            if generation == self._generations:
+            if generation == self._target.generation:
                 self._target.finish(context)
                 self.drafter.release(context)
+
+    def _policy_for(self, params: SamplingParams) -> DraftLengthPolicy:
+        """The engine's learning policy; with a seed, a fresh one that ignores timings, so the
+        draft lengths, and with them the random draws, depend only on the tokens."""
+        if params.seed is None:
+            return self.policy
+        return DraftLengthPolicy(self.draft_length, self.adaptive, timed=False)
 
     def forget(self) -> None:
         """Drop what the target and the drafter kept from earlier generations, so the next one
@@ -144,7 +162,7 @@ class SpeculativeEngine:
 
     def _round(self, call: _Call) -> list[tuple[int, str]]:
         """One round: propose, verify, accept, roll back, adapt. Returns (token, source) pairs."""
-        context, policy = call.context, self.policy
+        context, policy = call.context, call.policy
         lag = self.drafter.lag(context)
         room = call.output.remaining - 1  # the round's own token takes one: never past max_new_tokens
         k = policy.next_draft_length(room, lag)
@@ -174,7 +192,7 @@ class SpeculativeEngine:
         started = time.perf_counter()
         self.drafter.catch_up(call.context)
         seconds = time.perf_counter() - started
-        self.policy.costs.record_catch_up(lag, seconds)
+        call.policy.costs.record_catch_up(lag, seconds)
         self.stats.draft_s += seconds
 
     def _checked_prompt(self, prompt_ids: list[int]) -> list[int]:
@@ -252,6 +270,7 @@ class _Call:
     params: SamplingParams
     context: list[int]  # prompt + reply so far
     target: CachedModel  # the target's KV cache, kept from the engine's last generation
+    policy: DraftLengthPolicy  # the engine's, or with a seed one of the call's own
     output: _Output
     generator: torch.Generator
 

@@ -14,6 +14,9 @@ Two layers:
   A drafter whose proposals cost next to nothing (prompt lookup) is never paused: each plain
   round still asks it, and whether its first token matched the target's keeps the acceptance
   estimate current, so drafting resumes as soon as copying does.
+
+An untimed policy (timed=False, what a seeded generation uses) keeps only the first layer: every
+round drafts k, and k follows acceptance alone, so the same tokens give the same lengths.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from dataclasses import dataclass, field
 
 from .theory import expected_tokens
 
+# The draft lengths anyone may ask for: the engine, the app's slider, models.yaml and the API all
+# read these bounds. (Adaptive drafting moves k within MIN/MAX_DRAFT_LENGTH, or up to the k asked.)
+DRAFT_LENGTH_BOUNDS = (1, 16)
 DEFAULT_DRAFT_LENGTH = 5
 MIN_DRAFT_LENGTH = 2
 MAX_DRAFT_LENGTH = 8
@@ -47,16 +53,18 @@ class StepCosts:
     target_s: dict[int, float] = field(default_factory=dict)  # tokens in the forward -> seconds
     draft_s_per_token: float | None = None
     catch_up_s_per_token: float | None = None
+    timed: bool = True  # False: records nothing, so every choice made from these stays untimed
 
     def record_target(self, tokens: int, seconds: float) -> None:
-        self.target_s[tokens] = _average(self.target_s.get(tokens), seconds)
+        if self.timed:
+            self.target_s[tokens] = _average(self.target_s.get(tokens), seconds)
 
     def record_draft(self, tokens: int, seconds: float) -> None:
-        if tokens:
+        if tokens and self.timed:
             self.draft_s_per_token = _average(self.draft_s_per_token, seconds / tokens)
 
     def record_catch_up(self, tokens: int, seconds: float) -> None:
-        if tokens:
+        if tokens and self.timed:
             self.catch_up_s_per_token = _average(self.catch_up_s_per_token, seconds / tokens)
 
     def drafting_measured(self) -> bool:
@@ -124,10 +132,14 @@ class DraftLengthPolicy:
     after_miss: Acceptance = field(default_factory=Acceptance)  # after a rejection or a plain round
     in_streak: bool = False  # the last round drafted and kept every draft
     exploration_s: float = 0.0  # time put aside by plain rounds for probing a paused draft
+    timed: bool = True  # False: no cost gate; the lengths depend only on acceptance (reproducible)
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ValueError(f"draft_length must be >= 1, got {self.k}")
+        lowest, highest = DRAFT_LENGTH_BOUNDS
+        if not lowest <= self.k <= highest:
+            raise ValueError(f"draft_length must be between {lowest} and {highest}, got {self.k}")
+        if not self.timed:
+            self.costs = StepCosts(timed=False)
         # A k the caller asks for explicitly is always reachable.
         self.lowest, self.highest = min(self.lowest, self.k), max(self.highest, self.k)
 
@@ -136,7 +148,7 @@ class DraftLengthPolicy:
         take (caps the draft); `lag`: tokens the drafter must read before it can propose."""
         if room <= 0:
             return 0
-        if not self.adaptive:
+        if not self.adaptive or not self.timed:
             return min(self.k, room)
         if self.costs.target(1) is None:
             return 0  # calibrate: one plain step measures what speculation must beat

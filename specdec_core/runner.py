@@ -123,6 +123,10 @@ class CachedModel:
         )
         return out.logits[0].float()
 
+    def memory_bytes(self) -> int:
+        """Bytes the cache has allocated (its spare room included)."""
+        return cache_memory_bytes(self.cache)
+
     def crop(self, keep: int) -> None:
         """Forget every cached token after the first `keep`."""
         # transformers 5: crop() takes a negative count to remove; crop(0) is a no-op.
@@ -144,11 +148,25 @@ class KeptRunner:
         self._make_runner, self._model = make_runner, model
         self._runner: CachedModel | None = None
         self._held: list[int] = []  # exactly the tokens the runner's cache holds
+        # Generations started on it so far. Engines may share one KeptRunner (one kept
+        # conversation per model, whatever the settings): only the latest generation may use it.
+        self.generation = 0
+
+    @property
+    def model(self):
+        return self._model
+
+    def memory_bytes(self) -> int:
+        """Bytes its cache has allocated now (0 when it keeps none)."""
+        measure = getattr(self._runner, "memory_bytes", None)
+        return measure() if measure is not None else 0
 
     def start(self, sequence: list[int], at_most: int | None = None) -> CachedModel:
         """The runner, its cache cropped to the longest prefix it shares with sequence[:-1]
         (the last token is always left to read: it yields the next token's distribution), and
-        to at most `at_most` tokens (a drafter needs the target's features from there on)."""
+        to at most `at_most` tokens (a drafter needs the target's features from there on).
+        A new generation: `generation` counts it."""
+        self.generation += 1
         if self._runner is None:
             self._runner, self._held = self._make_runner(self._model), []
         shared = _shared_prefix_length(self._held, sequence[:-1])
@@ -168,6 +186,17 @@ class KeptRunner:
     def drop(self) -> None:
         """Forget the cache (a forward may have stopped halfway; or to start cold)."""
         self._runner, self._held = None, []
+
+
+def cache_memory_bytes(cache) -> int:
+    """Bytes of the tensors a transformers Cache's layers hold (views of one storage count once)."""
+    storages: dict[int, int] = {}
+    for layer in getattr(cache, "layers", ()):
+        for value in vars(layer).values():
+            if isinstance(value, torch.Tensor) and value.device.type != "meta":
+                storage = value.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def _shared_prefix_length(a: list[int], b: list[int]) -> int:

@@ -15,7 +15,14 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens. `temperature=0` is greedy; `top_k=0` and `top_p=1.0` are off."""
+    """How to pick tokens. `temperature=0` is greedy; `top_k=0` and `top_p=1.0` are off.
+
+    seed: makes a sampled generation reproducible. The same seed, prompt and engine settings
+    (drafter, draft_length, adaptive) give the same tokens on any engine and in any process, on
+    the same device and dtype: a seeded generation reads its whole prompt and chooses its draft
+    lengths from acceptance alone, never from timings (see SpeculativeEngine.stream). None: fresh
+    randomness, and the adaptive policy may use what it measured.
+    """
 
     temperature: float = 0.0
     top_k: int = 0

@@ -43,7 +43,7 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
 from .policy import MAX_DRAFT_LENGTH
-from .runner import CachedModel, cache_kwargs
+from .runner import CachedModel, cache_kwargs, cache_memory_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -305,6 +305,12 @@ class StaticCacheRunner:
         logits = self._steps.run(self._slot, token_ids, self._length, last_only)
         self._length += len(token_ids)
         return logits
+
+    def memory_bytes(self) -> int:
+        """Bytes of the cache this runner holds (the static slot, or the dynamic one it spilled to)."""
+        if self._dynamic is not None:
+            return self._dynamic.memory_bytes()
+        return cache_memory_bytes(self._slot.cache) if self._slot is not None else 0
 
     def crop(self, keep: int) -> None:
         """Forget every cached token after the first `keep`: just move the position back."""

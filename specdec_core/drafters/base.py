@@ -53,8 +53,10 @@ class Drafter:
         """Called once by the engine: check that this drafter can serve that target."""
 
     def use_costs(self, costs: StepCosts) -> None:
-        """Called once by the engine: the target step costs its policy measures (live), for a
-        drafter that weighs its options by them (the hybrid)."""
+        """Called by the engine as each generation starts: the target step costs its policy
+        measures (live), for a drafter that weighs its options by them (the hybrid). A seeded
+        generation hands over costs that stay unmeasured (StepCosts.timed False), so choices
+        made from them depend on the tokens alone."""
 
     def reset(self, prompt_ids: list[int]) -> None:
         """A new sequence starts with these prompt tokens."""

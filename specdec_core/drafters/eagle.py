@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import LoadError
-from ..runner import growing_cache
+from ..runner import cache_memory_bytes, growing_cache
 from ..sampling import SamplingParams, probabilities, sample
 from .base import NO_DRAFT, Draft, Drafter
 from .eagle_head import Eagle3Head
@@ -129,6 +129,10 @@ class EagleDrafter(Drafter):
                     out = self.head(embeds, out[None, None], self._cache)[0, -1]
         self._cache_crop(self._pairs)  # the draft steps read the head's own guesses: drop them
         return Draft(tokens, torch.stack(dists) if dists else None)
+
+    def memory_bytes(self) -> int:
+        """Bytes of the head's KV cache now."""
+        return cache_memory_bytes(self._cache)
 
     def release(self, context: list[int] | None) -> None:
         if context is None:

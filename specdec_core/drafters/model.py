@@ -23,13 +23,18 @@ class ModelDrafter(Drafter):
     name = "model"
 
     def __init__(
-        self, draft_model, tokenizer=None, min_confidence: float = 0.0, make_runner=CachedModel
+        self, draft_model, tokenizer=None, min_confidence: float = 0.0, make_runner=CachedModel,
+        kept: KeptRunner | None = None,
     ) -> None:
         """min_confidence: stop drafting early when the draft's top probability falls below it.
-        make_runner: builds the object that owns the draft's KV cache (see SpeculativeEngine)."""
+        make_runner: builds the object that owns the draft's KV cache (see SpeculativeEngine).
+        kept: the draft model's kept cache, to share with other drafters of the same model
+        (None: one of its own)."""
         self.model = draft_model.eval()
         self.make_runner = make_runner
-        self._kept = KeptRunner(make_runner, self.model)
+        if kept is not None and kept.model is not self.model:
+            raise ValueError("the kept cache belongs to another model than this drafter's")
+        self._kept = kept or KeptRunner(make_runner, self.model)
         self.tokenizer = tokenizer
         self.min_confidence = min_confidence
         self._runner: CachedModel | None = None

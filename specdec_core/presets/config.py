@@ -11,12 +11,15 @@ the message names the preset and the key. Model sources are plain strings in the
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ..policy import DRAFT_LENGTH_BOUNDS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "models.yaml"  # the repo top
 AUTO = "auto"  # the reserved preset name that picks a preset for this machine
@@ -230,16 +233,18 @@ def _check_consistency(values: dict, where: str) -> None:
         raise ConfigError(f"{where}: key 'drafter' is 'eagle' but the preset has no 'eagle' head source")
     if values["drafter"] == "hybrid" and values["eagle"] is None and values["draft"] is None:
         raise ConfigError(f"{where}: key 'drafter' is 'hybrid' but the preset has neither an 'eagle' head nor a 'draft'")
-    if values["draft_length"] < 1:
-        raise ConfigError(f"{where}: key 'draft_length' must be >= 1, got {values['draft_length']}")
+    lowest, highest = DRAFT_LENGTH_BOUNDS
+    if not lowest <= values["draft_length"] <= highest:
+        raise ConfigError(f"{where}: key 'draft_length' must be between {lowest} and {highest}, "
+                          f"got {values['draft_length']}")
     if values["cpu_weights"] == "gguf" and values["target"].kind not in GGUF_KINDS:
         raise ConfigError(
             f"{where}: key 'cpu_weights' is 'gguf' but the target is not a GGUF file or bundled model: "
             "use cpu_weights: fp32"
         )
     for key in ("memory_gb", "download_gb"):
-        if values[key] < 0:
-            raise ConfigError(f"{where}: key '{key}' must be >= 0, got {values[key]:g}")
+        if not (math.isfinite(values[key]) and values[key] >= 0):
+            raise ConfigError(f"{where}: key '{key}' must be a finite number >= 0, got {values[key]:g}")
 
 
 def _check_fallback(value: Any, presets: dict[str, Preset], where: str) -> str:

@@ -87,6 +87,9 @@ class LoadedModels:
     eagle_head: torch.nn.Module | None = None
     eagle_problem: str | None = None
     _engines: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see engine()
+    # One kept conversation per model, shared by every engine made here (see make_engine):
+    # KeptRunners by (role, make_runner), and "eagle": the one EagleDrafter of the head.
+    _kept: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def make_engine(
         self,
@@ -95,7 +98,11 @@ class LoadedModels:
         adaptive: bool | None = None,
         stop_strings: tuple[str, ...] = (),
     ):
-        """A SpeculativeEngine over the target; None arguments take the preset's defaults."""
+        """A SpeculativeEngine over the target; None arguments take the preset's defaults.
+
+        Every engine made here shares one kept KV cache of the target, and every draft-model
+        drafter one of the draft model: memory holds one conversation per model however many
+        settings were tried (the engines take turns; one generation at a time among them)."""
         from ..engine import SpeculativeEngine
 
         if self.target is None:
@@ -112,7 +119,32 @@ class LoadedModels:
             adaptive=adaptive,
             stop_strings=stop_strings,
             **_runner_argument(target_runner),
+            kept=self._kept_cache("target", self.target, target_runner),
         )
+
+    def _kept_cache(self, role: str, model, runner: Callable | None):
+        """The one KeptRunner of a model's cache on a decode path (`runner`: its make_runner,
+        None for the eager CachedModel; an EAGLE engine reads the target eagerly)."""
+        from ..runner import CachedModel, KeptRunner
+
+        key = (role, runner)
+        if key not in self._kept:
+            self._kept[key] = KeptRunner(runner or CachedModel, model)
+        return self._kept[key]
+
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes of the kept KV caches now, by role ("target", "draft")."""
+        sizes: dict[str, int] = {}
+        for key, kept in self._kept.items():
+            role = key if isinstance(key, str) else key[0]
+            sizes[role] = sizes.get(role, 0) + kept.memory_bytes()
+        return sizes
+
+    def cache_line(self) -> str:
+        """One line for the models panel: the KV cache memory in use."""
+        sizes = self.cache_bytes()
+        parts = [f"{role} {sizes[role] / 1e6:,.1f} MB" for role in ("target", "draft", "eagle") if role in sizes]
+        return "KV caches: " + (", ".join(parts) if parts else "none yet") + " (one conversation per model)"
 
     def engine(self, drafter: str | None = None, draft_length: int | None = None, adaptive: bool | None = None):
         """The engine for these settings, built on first use and then kept, so what its draft
@@ -153,7 +185,7 @@ class LoadedModels:
         return "\n".join(lines)
 
     def _drafter(self, kind: str):
-        from ..drafters import EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter
+        from ..drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 
         if kind not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}")
@@ -162,10 +194,10 @@ class LoadedModels:
         if kind == "prompt_lookup":
             return PromptLookupDrafter()
         if kind == "eagle":
-            return EagleDrafter(self._eagle_head(), source=self.preset.eagle.label)
+            return self._eagle_drafter()
         if kind == "hybrid":
             if self.eagle_head is not None:
-                return HybridDrafter(EagleDrafter(self.eagle_head, source=self.preset.eagle.label))
+                return HybridDrafter(self._eagle_drafter())
             if self.draft is None:
                 raise LoadError(f"preset {self.preset.name} has no EAGLE head and no draft model for hybrid "
                                 f"({self._eagle_missing()}): use drafter prompt_lookup")
@@ -173,7 +205,17 @@ class LoadedModels:
         if self.draft is None:
             missing = "has no draft model" if self.preset.draft is None else "was loaded without its draft model"
             raise LoadError(f"preset {self.preset.name} {missing}: use drafter prompt_lookup or none")
-        return ModelDrafter(self.draft, tokenizer=self.draft_tokenizer, **_runner_argument(self.draft_runner))
+        return ModelDrafter(self.draft, tokenizer=self.draft_tokenizer, **_runner_argument(self.draft_runner),
+                            kept=self._kept_cache("draft", self.draft, self.draft_runner))
+
+    def _eagle_drafter(self):
+        """The one EagleDrafter of this preset's head: it keeps the head's KV cache of the last
+        conversation, so the eagle and hybrid engines of every setting share that one cache."""
+        from ..drafters import EagleDrafter
+
+        if "eagle" not in self._kept:
+            self._kept["eagle"] = EagleDrafter(self._eagle_head(), source=self.preset.eagle.label)
+        return self._kept["eagle"]
 
     def _eagle_head(self):
         if self.eagle_head is None:
@@ -398,6 +440,7 @@ def unload(models: LoadedModels) -> None:
     models.draft = None
     models.eagle_head = None
     models._engines.clear()
+    models._kept.clear()
     models.target_runner = models.draft_runner = None  # they hold the models and KV caches
     if compiled:
         torch._dynamo.reset()  # compiled graphs (and CUDA graph pools) hold the weights too

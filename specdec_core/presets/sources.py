@@ -14,8 +14,10 @@ import importlib.util
 import json
 import os
 import shutil
+import stat
+import struct
 import sys
-import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,9 +205,13 @@ def gguf_folder(gguf_path: Path) -> Path:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     print(f"converting {gguf_path.name} once into {folder} ...", file=sys.stderr, flush=True)
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
+    # A unique name made with mkdir, not mkdtemp, so the folder's mode follows the umask (mkdtemp
+    # makes it 0700, and a shared $SPECDEC_CACHE would be unreadable to the other users).
+    staging = folder.parent / f".converting-{os.getpid()}-{uuid.uuid4().hex}"
+    staging.mkdir()
     try:
         _convert_gguf(gguf_path, staging)
+        _files_follow_umask(staging)
         staging.rename(folder)
     except OSError:
         if not (folder / "config.json").is_file():  # not just another process finishing first
@@ -215,14 +221,28 @@ def gguf_folder(gguf_path: Path) -> Path:
     return folder
 
 
+def _files_follow_umask(folder: Path) -> None:
+    """Give the files in `folder` the mode the umask gives new files (save_pretrained writes its
+    weights through a 0600 temporary file). mkdir applied the umask to the folder itself."""
+    mode = stat.S_IMODE(folder.stat().st_mode) & 0o666
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(mode)
+
+
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantise a GGUF model and save it (weights + tokenizer) with save_pretrained."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, filename = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    except (ValueError, KeyError, EOFError, struct.error) as error:  # what gguf and transformers raise for a bad file
+        detail = " ".join(str(error).split()) or type(error).__name__
+        raise LoadError(f"{gguf_path} is not a GGUF model transformers can read ({detail}): "
+                        "replace the file, or point the preset at another model") from error
     # A GGUF-loaded model refuses save_pretrained and bitsandbytes: rebuild a plain model
     # from its config (minus the gguf quantization entry) and copy the weights over.
     config = copy.deepcopy(loaded.config)

@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from ..policy import DRAFT_LENGTH_BOUNDS
 from ..presets.config import AUTO, DRAFTERS
 from ..sampling import SamplingParams
 from .errors import ApiError, bad_field
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 4  # as OpenAI's API
-MAX_DRAFT_LENGTH = 16  # as the app's slider
+MAX_DRAFT_LENGTH = DRAFT_LENGTH_BOUNDS[1]  # the engine's bound, as the app's slider
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def _speculative(value: object) -> Speculative:
                                                f"got {drafter!r}.")
     return Speculative(
         drafter=drafter,
-        draft_length=_integer(value, "draft_length", None, low=1, high=MAX_DRAFT_LENGTH, prefix="speculative."),
+        draft_length=_integer(value, "draft_length", None, low=DRAFT_LENGTH_BOUNDS[0], high=MAX_DRAFT_LENGTH, prefix="speculative."),
         adaptive=_boolean(value, "adaptive", None, "speculative."),
     )
 
