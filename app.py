@@ -31,7 +31,8 @@ from specdec_core.chat import chat_prompt_ids
 from specdec_core.presets.config import ConfigError, load_presets
 from specdec_core.errors import DeviceBusy
 from specdec_core.events import LENGTH_CONTEXT
-from specdec_core.presets.holder import ModelHolder
+from specdec_core.policy import DRAFT_LENGTH_BOUNDS
+from specdec_core.presets.holder import Cancelled, ModelHolder
 from specdec_core.presets.loading import LoadedModels, LoadError, load_preset
 from specdec_core.serve import API_KEY_ENV, ApiAccess, access_for, api_routes
 
@@ -276,7 +277,7 @@ def _layout(presets: dict, preset: str, max_new_tokens: int) -> SimpleNamespace:
                                      label="Drafter", elem_id="drafter",
                                      info="A 4-bit draft model saves memory, not time: on GPUs nf4 "
                                           "is slower per token than bf16.")
-            ui.draft_length = gr.Slider(1, 16, value=start.draft_length if start else 5, step=1,
+            ui.draft_length = gr.Slider(*DRAFT_LENGTH_BOUNDS, value=start.draft_length if start else 5, step=1,
                                         label="Draft length (start value when adaptive)", elem_id="draft-length")
             ui.adaptive = gr.Checkbox(start.adaptive if start else True, label="Adaptive draft length",
                                       elem_id="adaptive")
@@ -297,26 +298,42 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
                ui.live, ui.race, ui.history, ui.history_csv]
     book = S.BaselineBook()  # every session's measured plain rates: one machine, one set of models
 
-    def respond(request: gr.Request, message: str, history: list, log: S.ReplyHistory, *values):
+    def reply(request: gr.Request, message: str, history: list, log: S.ReplyHistory, values: tuple,
+              failed: Failed):
+        """Answer `message` after `history`; on failure show `failed` (the box and chat as they were)."""
         settings = Settings(*values)
-        if not (message or "").strip():
-            raise gr.Error("Empty message: type something in the box, then press Send.")
         session = request.session_hash or ""
         run = stops.begin(session)
         try:
             meter = Meter(book, log)
-            yield from _guarded(message, history, lambda: _chat(holder, message, history, settings, run.stop, meter))
+            # The box is cleared only when this consumed it (Send); a failure puts it back.
+            box = gr.skip() if failed.box is None else ""
+            yield from _guarded(failed, lambda: _chat(holder, message, history, settings, run.stop, meter, box))
         finally:
             stops.end(session, run)
+
+    def respond(request: gr.Request, message: str, history: list, log: S.ReplyHistory, *values):
+        if not (message or "").strip():
+            raise gr.Error("Empty message: type something in the box, then press Send.")
+        # Send consumed the box: a failure puts the message back.
+        yield from reply(request, message, history, log, values, Failed(message, history))
 
     def retry_last(request: gr.Request, history: list, log: S.ReplyHistory, *values):
         if not history:
             raise gr.Error("Nothing to retry yet: send a message first.")
-        yield from respond(request, history[-1]["user"], history[:-1], log, *values)
+        # Retry leaves the box alone, and a failure keeps the turn it retried, reply and all.
+        yield from reply(request, history[-1]["user"], history[:-1], log, values, Failed(None, history))
 
-    def stop_reply(request: gr.Request, panel: str) -> str:
+    def stop_reply(request: gr.Request, panel: str, message: str, history: list):
+        """Stop the session's reply. A message that got no reply at all (stopped while the
+        models loaded or the prompt was read) goes back to the box, unless something new is there."""
         stops.request(request.session_hash or "")
-        return R.stopped_markdown(panel)
+        if history and not history[-1]["reply"]:
+            box = message if (message or "").strip() else history[-1]["user"]
+            history = history[:-1]
+            return (R.stopped_before_reply_markdown(holder.loading), box, R.chat_view(history),
+                    R.chat_view(history, "baseline"), history)
+        return R.stopped_markdown(panel), gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
     def clear_all(request: gr.Request):
         stops.request(request.session_hash or "")  # a running reply must not refill the cleared chat
@@ -325,22 +342,25 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
                     S.live_markdown(None, None, None, 0.0), S.race_frame([]))
 
     def change_preset(name: str, progress=gr.Progress(track_tqdm=True)):
+        """Load the picked preset. If it fails, the menu and panel go back to what is loaded
+        (the holder loads the previous preset back), then the error shows."""
         # track_tqdm: compiling the steps (minutes on a GPU) shows its bar, shape by shape, with
         # tqdm's estimate of the time left
         progress(0, desc=f"Loading preset {name}…")
         try:
             with holder.using(name) as models:  # what holder.get does, plus the calibration
                 holder.on_device(calibrate, models, book)
-        except (UserError, LoadError, DeviceBusy, ConfigError) as error:
-            raise gr.Error(str(error)) from None
-        except Exception as error:  # noqa: BLE001 - anything else still must not kill the UI
-            log.exception("loading preset %s failed", name)
+        except Exception as error:  # noqa: BLE001 - a failed load must not kill the UI
+            if not isinstance(error, (UserError, LoadError, DeviceBusy, ConfigError)):
+                log.exception("loading preset %s failed", name)
+            if holder.models is not None:
+                yield _preset_controls(holder.models)
             raise gr.Error(user_message(error)) from None
-        return _preset_controls(models)
+        yield _preset_controls(models)
 
     def page_opened(progress=gr.Progress(track_tqdm=True)):
         """Show what is loaded; a fresh server loads the start preset now, not at launch."""
-        return change_preset(preset if holder.models is None else "auto", progress)
+        yield from change_preset(preset if holder.models is None else "auto", progress)
 
     chat_events = [
         ui.send.click(respond, [ui.msg, ui.turns, ui.history_log, *controls], outputs, api_name="send",
@@ -352,7 +372,8 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
     ]
     # The flag stops the engine within its round; cancelling also drops queued requests and
     # closes the generator. queue=False: the stop must not wait behind what it stops.
-    ui.stop.click(stop_reply, ui.stats, ui.stats, cancels=chat_events, api_name="stop", queue=False)
+    ui.stop.click(stop_reply, [ui.stats, ui.msg, ui.turns], [ui.stats, ui.msg, ui.chat, ui.chat_baseline, ui.turns],
+                  cancels=chat_events, api_name="stop", queue=False)
     ui.clear.click(clear_all, None, outputs, cancels=chat_events, api_name="clear", queue=False)
     preset_outputs = [ui.models, ui.preset, ui.drafter, ui.draft_length, ui.adaptive]
     ui.preset.input(change_preset, ui.preset, preset_outputs, api_name="load_preset", concurrency_id=DEVICE)
@@ -377,7 +398,7 @@ def _models_text(holder: ModelHolder) -> str:
 
 
 def _describe(models: LoadedModels) -> str:
-    return R.models_markdown(models.describe(), models.notes)
+    return R.models_markdown(models.describe(), models.notes, models.cache_line())
 
 
 def _preset_choices(presets: dict) -> list[tuple[str, str]]:
@@ -396,8 +417,16 @@ def _preset_controls(models: LoadedModels) -> tuple:
     return (_describe(models), preset.name, drafter, preset.draft_length, preset.adaptive)
 
 
-def _guarded(message: str, history: list, run: Callable[[], Iterator[View]]) -> Iterator[View]:
-    """Run a chat generator; on failure put the history back as it was, then show one line."""
+class Failed(NamedTuple):
+    """What a failed reply puts back: the message box (None: leave it as it is) and the history."""
+
+    box: str | None
+    history: list
+
+
+def _guarded(failed: Failed, run: Callable[[], Iterator[View]]) -> Iterator[View]:
+    """Run a chat generator; on failure put the box and the history back as they were, then
+    show one line."""
     try:
         yield from run()
     except Exception as error:  # noqa: BLE001 - every failure becomes a message, never a traceback
@@ -405,23 +434,29 @@ def _guarded(message: str, history: list, run: Callable[[], Iterator[View]]) -> 
             log.exception("generation failed")
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # after an OOM, give the freed caches back before the next try
-        yield View(message, R.chat_view(history), R.chat_view(history, "baseline"), history,
+        history = failed.history
+        box = gr.skip() if failed.box is None else failed.box
+        yield View(box, R.chat_view(history), R.chat_view(history, "baseline"), history,
                    gr.skip(), gr.skip(), gr.skip(), gr.skip())
         raise gr.Error(user_message(error)) from None
 
 
 def _chat(holder: ModelHolder, message: str, history: list, settings: Settings,
-          stop: threading.Event, meter: Meter) -> Iterator[View]:
-    """One user message: load if needed, then stream the reply (or baseline then speculative)."""
+          stop: threading.Event, meter: Meter, box: object = "") -> Iterator[View]:
+    """One user message: load if needed, then stream the reply (or baseline then speculative).
+    `box`: what the message box shows meanwhile ("" when this consumed it; gr.skip(): leave it)."""
     turns = [*history, R.new_turn(message, baseline_pending=settings.compare)]
-    waiting = "Loading models… (first message only)" if holder.models is None else "Reading the prompt…"
-    yield View("", R.chat_view(turns), R.chat_view(turns, "baseline"), turns, waiting,
+    waiting = R.LOADING if holder.models is None else "Reading the prompt…"
+    yield View(box, R.chat_view(turns), R.chat_view(turns, "baseline"), turns, waiting,
                gr.skip(), gr.skip(), gr.skip())
-    with holder.using(settings.preset) as models:
-        if stop.is_set():  # stopped while the models loaded
-            return
-        holder.on_device(calibrate, models, meter.book)
-        yield from holder.steps(_reply(models, turns, settings, stop, meter))  # each step on the device thread
+    try:
+        with holder.using(settings.preset, cancelled=stop) as models:
+            if stop.is_set():
+                return
+            holder.on_device(calibrate, models, meter.book)
+            yield from holder.steps(_reply(models, turns, settings, stop, meter))  # each step on the device thread
+    except Cancelled:  # Stop while waiting for the device or the models: a load goes on by itself
+        return
 
 
 def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: threading.Event,
@@ -434,7 +469,8 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
     preset, context = models.preset.name, len(prompt_ids)
 
     def view(stats_text, plot, speedup_text, live=gr.skip(), race=gr.skip(), **final) -> View:
-        return View("", R.chat_view(turns), R.chat_view(turns, "baseline"), turns, stats_text, plot,
+        # The box: Send cleared it at the start; Retry leaves it alone.
+        return View(gr.skip(), R.chat_view(turns), R.chat_view(turns, "baseline"), turns, stats_text, plot,
                     speedup_text, models_text, live, race, **final)
 
     base_stats = base_ids = None
@@ -478,6 +514,7 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
         turn.update(reply_html=markup + R.context_limit_note(engine.context_limit))
 
     live_text = live.finish(stats, sources)
+    models_text = _describe(models)  # the kept caches' memory, after this reply
     identical = (base_ids == token_ids) if params.greedy else None
     speedup_text = (R.speedup_markdown(stats, base_stats, identical, _low_precision(engine.target_model))
                     if settings.compare else gr.skip())

@@ -157,6 +157,16 @@ def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
 
 
 GENERATING = "generating…"
+LOADING = "Loading models… (first message only)"
+
+
+def stopped_before_reply_markdown(still_loading: str | None) -> str:
+    """The panel after Stop ended a reply before its first token; `still_loading`: the preset
+    that goes on loading in the background, if any."""
+    if still_loading:
+        return (f"**Stopped** before the reply started. Preset {still_loading} keeps loading in the "
+                "background; your message is back in the box: send it again when you like.")
+    return "**Stopped** before the reply started; your message is back in the box."
 
 
 def stopped_markdown(panel: str) -> str:
@@ -216,13 +226,16 @@ def speedup_markdown(
     return line + " · outputs DIFFER ✗"
 
 
-def models_markdown(description: str | None, notes: Sequence[str] = ()) -> str:
-    """The loaded models (LoadedModels.describe(): one line per model) and the loader's notes."""
+def models_markdown(description: str | None, notes: Sequence[str] = (), caches: str | None = None) -> str:
+    """The loaded models (LoadedModels.describe(): one line per model), the memory of the kept KV
+    caches (LoadedModels.cache_line()) and the loader's notes."""
     if not description:
         return "Models: not loaded yet (they load with the first message or the preset menu)."
     lines = [line.strip() for line in description.splitlines() if line.strip()]
     # Code spans keep names like Qwen2_5 or *-Instruct from turning into markdown emphasis.
     text = "**Models**\n\n" + "\n".join("- `" + line.replace("`", "'") + "`" for line in lines)
+    if caches:
+        text += f"\n- {html.escape(caches)}"
     if notes:
         text += "\n\n" + "\n".join(f"- note: {html.escape(note)}" for note in notes)
     return text

@@ -84,7 +84,8 @@ def test_reply_streams_as_coloured_exact_tokens(app_server, client):
     job = send(client, "Tell me a <story> & *more*")
     updates = [dict(zip(OUT, update)) for update in job]
     final = outputs(job)
-    assert final["msg"] == ""  # the box is cleared for the next message
+    assert updates[0]["msg"] == ""  # the box is cleared for the next message, at once
+    assert final["msg"] == {"__type__": "update"}  # and then left alone
     user, reply = final["chat"]
     assert "&lt;story&gt; &amp; *more*" in text_of(user)
     spans = token_spans(reply)
@@ -247,7 +248,7 @@ def test_stop_button_ends_the_engine_within_one_round(app_server, client):
     hook = target.register_forward_hook(lambda *_: forwards.append(time.monotonic()))
     try:
         job = start_long_reply(client, forwards)
-        panel = client.predict("x · generating…", api_name="/stop")  # what the Stop button calls
+        panel, *_ = client.predict("x · generating…", "", api_name="/stop")  # what the Stop button calls
         at_stop = len(forwards)
         while not job.done():
             time.sleep(0.01)

@@ -15,10 +15,11 @@ import contextlib
 import contextvars
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
-from ..errors import DeviceBusy, QueueFull
+from ..errors import DeviceBusy, LoadError, QueueFull
 from .loading import LoadedModels, load_preset, unload
 
 DEVICE_WAIT_S = 600.0  # longest wait for a turn before saying the device is busy (loads take a while)
@@ -29,7 +30,8 @@ _END = object()
 
 
 class Cancelled(Exception):
-    """The caller gave up (its `cancelled` event was set) while it waited for its turn."""
+    """The caller gave up (its `cancelled` event was set) while it waited for its turn, or for
+    the models to load (the load goes on, for whoever comes next)."""
 
 
 class Turns:
@@ -107,6 +109,18 @@ class DeviceThread:
             return work(*args)
         return self._executor.submit(contextvars.copy_context().run, work, *args).result()
 
+    def run_unless(self, cancelled: threading.Event | None, work: Callable[..., T], *args) -> T:
+        """Like run, but the wait ends once `cancelled` is set (Cancelled); the work goes on."""
+        if cancelled is None or getattr(self._local, "is_device", False):
+            return self.run(work, *args)
+        future: Future = self._executor.submit(work, *args)
+        while True:
+            try:
+                return future.result(timeout=0.05)
+            except FutureTimeout:
+                if cancelled.is_set():
+                    raise Cancelled() from None
+
     def steps(self, iterator: Iterator[T]) -> Iterator[T]:
         """The items of `iterator`, each computed on the device thread; closing this closes it
         there too (a generator's cleanup touches the device: it keeps or frees KV caches)."""
@@ -142,12 +156,18 @@ class ModelHolder:
         self._loader = loader
         self._unloader = unloader
         self._models: LoadedModels | None = None
+        self._loading: str | None = None  # the preset being loaded now
         self.turns = Turns(max_waiting)
         self.device = DeviceThread()
 
     @property
     def models(self) -> LoadedModels | None:
         return self._models
+
+    @property
+    def loading(self) -> str | None:
+        """The preset being loaded now, if any (it may go on after its waiter was cancelled)."""
+        return self._loading
 
     def get(self, preset: str) -> LoadedModels:
         """The models of `preset` ("auto": whatever is loaded, else the start preset)."""
@@ -157,9 +177,11 @@ class ModelHolder:
     @contextlib.contextmanager
     def using(self, preset: str, cancelled: threading.Event | None = None) -> Iterator[LoadedModels]:
         """Hold the device for one reply, with the models of `preset` (loaded if needed, on the
-        device thread). Raises QueueFull, DeviceBusy, Cancelled (see Turns.turn) or LoadError."""
+        device thread). Raises QueueFull, DeviceBusy, Cancelled (see Turns.turn) or LoadError.
+        Cancelled also ends a wait for a load at once; the load goes on, and whoever comes next
+        waits for it (the device thread runs one piece of work at a time)."""
         with self.turns.turn(cancelled):
-            yield self.device.run(self._load_in_turn, preset)
+            yield self.device.run_unless(cancelled, self._load_in_turn, preset)
 
     def steps(self, iterator: Iterator[T]) -> Iterator[T]:
         """Pull a generation's steps through the device thread (call it inside `using`)."""
@@ -174,12 +196,33 @@ class ModelHolder:
             self.device.run(self._release_in_turn)
 
     def _load_in_turn(self, preset: str) -> LoadedModels:
+        """The models of `preset`, swapped in if needed. The old preset is unloaded first (two
+        presets may not fit together); if the new one fails to load, the old one is loaded back,
+        and the error says which preset is loaded now."""
         current = self._models
         if current is not None and preset in ("auto", current.preset.name):
             return current
         self._release_in_turn()
-        self._models = self._loader(self._start_preset if preset == "auto" else preset, self._config_path)
+        name = self._start_preset if preset == "auto" else preset
+        self._loading = name
+        try:
+            self._models = self._loader(name, self._config_path)
+        except Exception as error:
+            if current is None:
+                raise
+            restored = self._restore_in_turn(current.preset.name)
+            raise LoadError(f"{' '.join(str(error).split())} ({restored})") from error
+        finally:
+            self._loading = None
         return self._models
+
+    def _restore_in_turn(self, name: str) -> str:
+        """Load preset `name` back after a failed swap; what the user is told about it."""
+        try:
+            self._models = self._loader(name, self._config_path)
+        except Exception as error:  # noqa: BLE001 - the first failure is the one to report
+            return f"and preset {name} could not be loaded back either: {' '.join(str(error).split())}"
+        return f"preset {name} is still loaded"
 
     def _release_in_turn(self) -> None:
         if self._models is not None:
