@@ -41,7 +41,9 @@ log = logging.getLogger("specdec.app")
 AUTH_ENV = "SPECDEC_AUTH"
 DEVICE = "device"  # one concurrency group: loading and generating share the device
 UPDATE_INTERVAL_S = 0.05  # stream at most ~20 updates a second so the browser keeps up
-RACE_INTERVAL_S = 0.25  # the race chart redraws at most 4 times a second: drawing costs the browser more
+# The plots (race chart, acceptance by position) redraw at most twice a second: each redraw costs
+# the browser tens of ms of CPU, taken from the engine on a small machine; the text streams at 20/s.
+PLOT_INTERVAL_S = 0.5
 CALIBRATION_PROMPT = "Count from one to thirty, in words."
 CALIBRATION_TOKENS = 24  # a short plain reply at load: a measured rate before any baseline is run
 DRAFTERS = [("draft model", "model"), ("prompt lookup", "prompt_lookup"), ("EAGLE head", "eagle"), ("hybrid", "hybrid")]
@@ -477,13 +479,14 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
     base_points: list[tuple[float, int]] = []
     if settings.compare:  # baseline first, then speculative: each has the device to itself
         engine = engine_for(models, settings, baseline=True)
-        chart = S.Throttle(RACE_INTERVAL_S, time.monotonic)
+        chart = S.Throttle(PLOT_INTERVAL_S, time.monotonic)
         for text, markup, stats, token_ids, _ in stream_reply(engine, prompt_ids, params, stop):
             turn.update(reply=text, baseline_html=markup)  # the history keeps a reply if stopped here
             base_points.append(S.race_point(stats))
-            yield view(R.stats_markdown(stats, "baseline"), R.acceptance_frame(None), gr.skip(),
-                       S.live_markdown(stats, None, None, 0.0, baseline_reply=True),
-                       S.race_frame([], base_points) if chart.due() else gr.skip())
+            due = chart.due()
+            yield view(R.stats_markdown(stats, "baseline"), R.acceptance_frame(None) if due else gr.skip(),
+                       gr.skip(), S.live_markdown(stats, None, None, 0.0, baseline_reply=True),
+                       S.race_frame([], base_points) if due else gr.skip())
         if stop.is_set():
             return
         base_stats, base_ids = stats, list(token_ids)
@@ -494,7 +497,7 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
     engine = engine_for(models, settings, baseline=baseline_reply)
     live = _LiveSpeedup(meter.book, preset, context, engine.policy.costs, baseline_reply)
     spec_points: list[tuple[float, int]] = []
-    chart = S.Throttle(RACE_INTERVAL_S, time.monotonic)
+    chart = S.Throttle(PLOT_INTERVAL_S, time.monotonic)
 
     def race():
         if baseline_reply:
@@ -506,8 +509,9 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
         spec_points.append(S.race_point(stats))
         live_text = live.update(stats, sources)
         so_far = S.side_by_side_so_far(stats, base_stats) if base_stats else gr.skip()
-        yield view(R.stats_markdown(stats, mode), R.acceptance_frame(stats), so_far, live_text,
-                   race() if chart.due() else gr.skip())
+        due = chart.due()
+        yield view(R.stats_markdown(stats, mode), R.acceptance_frame(stats) if due else gr.skip(), so_far,
+                   live_text, race() if due else gr.skip())
     if stop.is_set():
         return
     if stats.get("finish_reason") == LENGTH_CONTEXT:  # say why the reply ends short
