@@ -41,8 +41,9 @@ log = logging.getLogger("specdec.app")
 AUTH_ENV = "SPECDEC_AUTH"
 DEVICE = "device"  # one concurrency group: loading and generating share the device
 UPDATE_INTERVAL_S = 0.05  # stream at most ~20 updates a second so the browser keeps up
-# The plots (race chart, acceptance by position) redraw at most twice a second: each redraw costs
-# the browser tens of ms of CPU, taken from the engine on a small machine; the text streams at 20/s.
+# The plots (race chart, acceptance by position) and the speedup figure redraw at most twice a
+# second: each redraw costs the browser tens of ms of CPU, taken from the engine on a small
+# machine; the reply's text and the stats stream at up to 20 updates a second.
 PLOT_INTERVAL_S = 0.5
 CALIBRATION_PROMPT = "Count from one to thirty, in words."
 CALIBRATION_TOKENS = 24  # a short plain reply at load: a measured rate before any baseline is run
@@ -509,9 +510,10 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
         spec_points.append(S.race_point(stats))
         live_text = live.update(stats, sources)
         so_far = S.side_by_side_so_far(stats, base_stats) if base_stats else gr.skip()
-        due = chart.due()
-        yield view(R.stats_markdown(stats, mode), R.acceptance_frame(stats) if due else gr.skip(), so_far,
-                   live_text, race() if due else gr.skip())
+        if chart.due():  # the plots and the speedup figure: twice a second is live enough
+            yield view(R.stats_markdown(stats, mode), R.acceptance_frame(stats), so_far, live_text, race())
+        else:
+            yield view(R.stats_markdown(stats, mode), gr.skip(), so_far, gr.skip(), gr.skip())
     if stop.is_set():
         return
     if stats.get("finish_reason") == LENGTH_CONTEXT:  # say why the reply ends short

@@ -1,5 +1,6 @@
 """Does the live speedup display slow streaming? The same reply, again and again, in a real
-headless chromium: with the live panel, the race chart and the stats shown, and with them hidden.
+headless chromium: with the live speedup panel, the race chart and the history shown, and with
+them hidden (display: none; `--hide` picks other selectors).
 
     python scripts/ui_overhead.py                    # smollm2-135m-local, prompt lookup, 6 pairs
 
@@ -7,7 +8,8 @@ Each reply starts a fresh conversation (Clear) with the same greedy prompt, so e
 the same work; shown and hidden alternate (ABBA...) so drifting machine load falls on both.
 Prints, per reply, the engine's tokens/s (what the panel shows; it excludes the app's own time),
 the wall time from Send to the panel's "done", the UI updates the browser applied a second and the
-CPU time chromium used (drawing competes with the engine for the cores); then the medians. Needs chromium (apt-get install chromium) and playwright.
+CPU time chromium used (drawing competes with the engine for the cores); then the medians.
+Needs chromium (apt-get install chromium) and playwright.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from tests.conftest import free_port  # noqa: E402
 from tests.test_browser import launch_browser, set_number  # noqa: E402
 
 PROMPT = "Explain how a bicycle gear system works, in detail."  # a long reply: 128 tokens
-HIDE = "#speedup-live, #race-chart, #stats, #history { display: none !important; }"
+# What the live speedup display adds: its panel, the race chart and the history table.
+HIDE = "#speedup-live, #race-chart, #history"
 # Counts the streamed updates the browser applied: each one changes the panel's text (its token count).
 COUNT_UPDATES = """() => { if (window.__observer) window.__observer.disconnect();
   window.__updates = 0; const panel = document.querySelector('#stats-text');
@@ -55,11 +58,11 @@ def browser_cpu_s() -> float:
     return total
 
 
-def one_reply(page, hidden: bool) -> dict:
+def one_reply(page, hidden: bool, hide: str = HIDE) -> dict:
     page.click("#clear")
     page.wait_for_function("() => !document.querySelector('#chat .tok')")
     page.wait_for_timeout(1000)  # Clear's reply also empties the message box: let it land first
-    style = page.add_style_tag(content=HIDE) if hidden else None
+    style = page.add_style_tag(content=f"{hide} {{ display: none !important; }}") if hidden else None
     page.evaluate(COUNT_UPDATES)
     page.fill("#msg textarea", PROMPT)
     started, cpu_before = time.monotonic(), browser_cpu_s()
@@ -83,6 +86,7 @@ def main() -> int:
     parser.add_argument("--preset", default="smollm2-135m-local")
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--hide", default=HIDE, help=f"CSS selectors hidden in the 'hidden' runs (default: {HIDE})")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -99,7 +103,7 @@ def main() -> int:
             set_number(page, "max-new-tokens", args.max_new_tokens)
             one_reply(page, hidden=False)  # warm-up: the first reply reads the whole prompt
             order = [False, True, True, False] * ((args.pairs + 1) // 2)
-            runs = [one_reply(page, hidden) for hidden in order[: 2 * args.pairs]]
+            runs = [one_reply(page, hidden, args.hide) for hidden in order[: 2 * args.pairs]]
             browser.close()
     finally:
         demo.close()
