@@ -259,14 +259,18 @@ def race_frame(spec: Sequence[tuple[float, int]], base: Sequence[tuple[float, in
 
     `base`: a real baseline run (side by side); without one, `rate` draws the measured plain
     rate as a straight line from the origin to the reply's last second (MEASURED_RATE_RUN).
-    spec_run: the reply's series name (BASELINE_RUN for a baseline reply).
+    spec_run: the reply's series name (BASELINE_RUN for a baseline reply). A series with only
+    its origin draws nothing.
     """
-    rows = [(0.0, 0, spec_run), *((s, n, spec_run) for s, n in spec)]
+    # Every series starts at the origin in every frame, used or not: the plot fixes its colours
+    # and legend from the series of the first frame it draws, and would leave a new one invisible.
+    rows = [(0.0, 0, run) for run in RACE_COLOURS]
+    rows += [(s, n, spec_run) for s, n in spec]
     if base:
-        rows += [(0.0, 0, BASELINE_RUN), *((s, n, BASELINE_RUN) for s, n in base)]
+        rows += [(s, n, BASELINE_RUN) for s, n in base]
     elif rate is not None and spec:
         end = max(s for s, _ in spec)
-        rows += [(0.0, 0, MEASURED_RATE_RUN), (end, round(rate.tokens_per_second * end), MEASURED_RATE_RUN)]
+        rows.append((end, round(rate.tokens_per_second * end), MEASURED_RATE_RUN))
     # Typed even when nearly empty: the plot fixes each axis's scale type from its first value.
     frame = pd.DataFrame(rows, columns=["seconds", "tokens", "run"])
     return frame.astype({"seconds": float, "tokens": int, "run": str})

@@ -212,11 +212,22 @@ def read_while_generating(page, selector: str, until: str = "done") -> list[str]
         page.wait_for_timeout(40)
 
 
+# Series name -> data points of each line drawn in #race-chart (Vega's SVG: one path per series,
+# its aria-label naming the series, one M or L command per point).
+RACE_SERIES_JS = """() => Object.fromEntries(Array.from(document.querySelectorAll(
+    '#race-chart path[aria-roledescription="line mark"]')).map(p => [
+    p.getAttribute('aria-label').split('run: ')[1], ((p.getAttribute('d') || '').match(/[ML]/g) || []).length]))"""
+
+
 def race_series(page) -> dict[str, int]:
-    """Series name -> number of data points of each line drawn in #race-chart (Vega's SVG)."""
-    return page.locator('#race-chart path[aria-roledescription="line mark"]').evaluate_all(
-        "paths => Object.fromEntries(paths.map(p => [p.getAttribute('aria-label').split('run: ')[1],"
-        " (p.getAttribute('d').match(/[ML]/g) || []).length]))")
+    return page.evaluate(RACE_SERIES_JS)
+
+
+def wait_for_race(page, *runs: str) -> dict[str, int]:
+    """Wait until each of `runs` is drawn with at least two points; the series drawn then."""
+    condition = " && ".join(f"(s[{run!r}] || 0) >= 2" for run in runs)
+    page.wait_for_function(f"() => {{ const s = ({RACE_SERIES_JS})(); return {condition}; }}", timeout=30_000)
+    return race_series(page)
 
 
 HISTORY_ROWS = "#history .virtual-body [role=row]"  # gradio's Dataframe draws its rows as a virtual list
@@ -255,9 +266,8 @@ def test_live_speedup_race_and_history_in_a_real_browser(app_server, browser, tm
         page.wait_for_function("() => /· done/.test(document.querySelector('#stats-text').innerText)")
         live = page.inner_text("#speedup-live")
         assert LIVE_FIGURE.search(live) and "vs plain decoding" in live and "measured" in live
-        page.wait_for_function("() => document.querySelectorAll('#race-chart path[aria-roledescription=\"line mark\"]').length >= 2")
-        series = race_series(page)
-        assert series["speculative"] >= 2 and series["baseline (measured rate)"] == 2
+        series = wait_for_race(page, "speculative", "baseline (measured rate)")
+        assert series["baseline (measured rate)"] == 2 and series["baseline"] <= 1  # a straight line, no run
         dash = page.locator('#race-chart path[aria-roledescription="line mark"][aria-label$="run: baseline (measured rate)"]').evaluate(
             "p => getComputedStyle(p).strokeDasharray")
         assert dash not in ("", "none")  # drawn dashed
@@ -291,9 +301,8 @@ def test_live_speedup_race_and_history_in_a_real_browser(app_server, browser, tm
         assert so_far, "the side-by-side speedup did not show before the speculative reply ended"
         page.wait_for_function("() => /Speedup: \\d+\\.\\d\\d×/.test(document.querySelector('#speedup').innerText)",
                                timeout=TIMEOUT_MS)
-        page.wait_for_function("() => document.querySelectorAll('#race-chart path[aria-roledescription=\"line mark\"]').length >= 2")
-        series = race_series(page)
-        assert series["speculative"] >= 2 and series["baseline"] >= 2, series
+        series = wait_for_race(page, "speculative", "baseline")  # both real runs
+        assert series["baseline (measured rate)"] <= 1, series
         assert page.locator('#chat-baseline [data-testid="user"]').count() == 3
         assert page.locator("#chat-baseline").inner_text().count(R.NO_BASELINE) == 2
         page.screenshot(path=str(tmp_path / "speedup.png"), full_page=True)

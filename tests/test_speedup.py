@@ -147,6 +147,7 @@ def test_race_frame_side_by_side_has_both_real_curves():
     frame = S.race_frame([(0.5, 10), (1.0, 24)], [(0.5, 8), (1.5, 24)])
     assert list(frame.columns) == ["seconds", "tokens", "run"]
     spec, base = frame[frame.run == S.SPECULATIVE_RUN], frame[frame.run == S.BASELINE_RUN]
+    assert frame[frame.run == S.MEASURED_RATE_RUN].tokens.tolist() == [0]  # real runs: no rate line
     assert spec.values.tolist() == [[0.0, 0, "speculative"], [0.5, 10, "speculative"], [1.0, 24, "speculative"]]
     assert base.tokens.tolist() == [0, 8, 24]
     assert str(frame.seconds.dtype) == "float64" and str(frame.tokens.dtype) == "int64"
@@ -158,8 +159,21 @@ def test_race_frame_without_a_baseline_run_draws_the_measured_rate():
     assert line.values.tolist() == [[0.0, 0, S.MEASURED_RATE_RUN], [2.0, 40, S.MEASURED_RATE_RUN]]
     assert S.MEASURED_RATE_RUN in S.RACE_DASHED_CSS and "stroke-dasharray" in S.RACE_DASHED_CSS
     only = S.race_frame([(0.5, 10)])  # nothing measured: the reply alone
-    assert set(only.run) == {S.SPECULATIVE_RUN}
-    assert set(S.race_frame([(0.5, 10)], spec_run=S.BASELINE_RUN).run) == {S.BASELINE_RUN}
+    assert drawn(only) == {S.SPECULATIVE_RUN}
+    assert drawn(S.race_frame([(0.5, 10)], spec_run=S.BASELINE_RUN)) == {S.BASELINE_RUN}
+
+
+def drawn(frame) -> set[str]:
+    """The series with a point besides the origin (a one-point line draws nothing)."""
+    return set(frame[frame.tokens > 0].run)
+
+
+def test_race_frames_always_hold_every_series_in_one_order():
+    # The plot fixes its colour domain from its first frame: every frame names all three series.
+    frames = [S.race_frame([]), S.race_frame([(0.5, 10)]), S.race_frame([], [(0.5, 8)]),
+              S.race_frame([(0.5, 10)], rate=reply_rate(S.CALIBRATION, 20.0))]
+    for frame in frames:
+        assert list(dict.fromkeys(frame.run)) == list(S.RACE_COLOURS)
 
 
 def test_throttle():
