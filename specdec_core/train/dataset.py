@@ -27,6 +27,7 @@ class Sequence:
     reply_start: int  # index of the first reply token
     mode: str  # "greedy" | "t0.7" | "t1.0"
     family: str
+    greedy: torch.Tensor | None = None  # [n-1] the target's greedy token after each position (evaluation only)
 
     @property
     def reply_tokens(self) -> int:
@@ -108,6 +109,7 @@ class Batch:
     final: torch.Tensor  # [B, m + steps, H] fp16
     lengths: torch.Tensor  # [B] sequence lengths n
     reply_starts: torch.Tensor  # [B]
+    greedy: torch.Tensor | None = None  # [B, m + steps] the target's greedy next tokens, when known
 
     @property
     def width(self) -> int:
@@ -120,12 +122,15 @@ def make_batch(sequences: list[Sequence], steps: int) -> Batch:
     ids = torch.zeros(size, m + steps + 1, dtype=torch.long)
     aux = torch.zeros(size, m, sequences[0].aux.shape[-1], dtype=torch.float16)
     final = torch.zeros(size, m + steps, hidden, dtype=torch.float16)
+    greedy = torch.full((size, m + steps), -1, dtype=torch.long) if all(s.greedy is not None for s in sequences) else None
     for b, s in enumerate(sequences):
         ids[b, : len(s.ids)] = s.ids
         aux[b, : len(s.aux)] = s.aux
         final[b, : len(s.final)] = s.final
+        if greedy is not None:
+            greedy[b, : len(s.greedy)] = s.greedy
     return Batch(
-        ids=ids, aux=aux, final=final,
+        ids=ids, aux=aux, final=final, greedy=greedy,
         lengths=torch.tensor([len(s.ids) for s in sequences]),
         reply_starts=torch.tensor([s.reply_start for s in sequences]),
     )

@@ -115,7 +115,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     total_steps = per_epoch * settings.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(total_steps))
     progress = _resume(work, settings, head, optimizer, scheduler)
-    evaluation = _evaluation_set(heldout)
+    evaluation = _evaluation_set(heldout, lm_head)
     eval_steps = sorted({max(1, round(per_epoch * f)) for f in EVAL_FRACTIONS} | {per_epoch * e for e in range(1, settings.epochs + 1)})
 
     bar = tqdm(total=total_steps, initial=progress.step, desc="training", unit="step")
@@ -135,7 +135,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss):.3f}", agree1=f"{report.get(1, (0, 0))[1]:.3f}")
         if progress.step in eval_steps:
-            point = _acceptance(head, embedding, lm_head, evaluation, settings).as_dict()
+            point = _acceptance(head, embedding, evaluation, settings).as_dict()
             progress.history.append({"step": progress.step, "tokens": progress.tokens, "epoch": progress.step / per_epoch, **point})
             head.train()
             bar.write(f"step {progress.step}: held-out acceptance {point['by_position']}, mean accepted {point['mean_accepted']}")
@@ -154,7 +154,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     # The numbers are those of the folder as written (fp16 weights), read back as a user would.
     head.save(out, dtype=SAVE_DTYPES[settings.save_dtype])
     saved = Eagle3Head.load(out, num_target_layers=text_config.num_hidden_layers).float()
-    final = _acceptance(saved, embedding, lm_head, evaluation, settings)
+    final = _acceptance(saved, embedding, evaluation, settings)
     summary = {
         "preset": settings.preset,
         "command": settings.command,
@@ -210,17 +210,23 @@ def _batch_sequences(train_set: list[Sequence], settings: TrainSettings, step: i
     return [train_set[i] for i in batches[index]]
 
 
-def _evaluation_set(heldout: list[Sequence]) -> list[Sequence]:
-    """Greedy held-out replies: on them the target's greedy tokens are the sequence itself."""
-    return [s for s in heldout if s.mode == "greedy"] or heldout
+def _evaluation_set(heldout: list[Sequence], lm_head: torch.Tensor) -> list[Sequence]:
+    """Greedy held-out replies, each with the target's greedy token after every position: on a
+    greedy reply that is the next token itself, which the target chose in the very forwards the
+    features come from (chains only check reply positions). Sampled replies, with the greedy
+    tokens from the target's logits, only when no greedy reply is held out (tiny runs)."""
+    chosen = [s for s in heldout if s.mode == "greedy"] or heldout
+    for s in chosen:
+        s.greedy = s.ids[1:].clone() if s.mode == "greedy" else (s.final.float() @ lm_head.T).argmax(-1)
+    return chosen
 
 
-def _acceptance(head, embedding, lm_head, sequences: list[Sequence], settings: TrainSettings) -> Acceptance:
+def _acceptance(head, embedding, sequences: list[Sequence], settings: TrainSettings) -> Acceptance:
     head.eval()
     result = Acceptance(settings.k)
     for start in range(0, len(sequences), settings.batch):
         batch = make_batch(sequences[start : start + settings.batch], settings.k)
-        measure_acceptance(head, embedding, lm_head, batch, settings.k, result)
+        measure_acceptance(head, embedding, batch, settings.k, result)
     return result
 
 

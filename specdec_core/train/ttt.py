@@ -108,10 +108,10 @@ class Acceptance:
 
 
 @torch.no_grad()
-def measure_acceptance(head, embedding, target_lm_head: torch.Tensor, batch: Batch, k: int, into: Acceptance) -> Acceptance:
+def measure_acceptance(head, embedding, batch: Batch, k: int, into: Acceptance) -> Acceptance:
     """Add the batch's chains to `into`. Draft j matches when the head's greedy token (mapped to
-    the target's vocabulary) is the target's greedy token at t+j and is the sequence's next token
-    (so on greedy sequences the chain read exactly the drafts it made). target_lm_head: [V, H]."""
+    the target's vocabulary) is the target's greedy token at t+j (batch.greedy) and is the
+    sequence's next token (so on greedy sequences the chain read exactly the drafts it made)."""
     outputs = unrolled_outputs(head, embedding, batch, k)
     mask = step_masks(batch, k, need_all=True)[0]
     if not mask.any():
@@ -120,7 +120,7 @@ def measure_acceptance(head, embedding, target_lm_head: torch.Tensor, batch: Bat
     alive = torch.ones(int(mask.sum()), dtype=torch.bool)
     for step, out in enumerate(outputs, start=1):
         draft = token_ids[head.logits(out[mask]).argmax(-1)]
-        greedy = (batch.final[:, step : step + batch.width][mask].float() @ target_lm_head.T).argmax(-1)
+        greedy = batch.greedy[:, step : step + batch.width][mask]
         following = batch.ids[:, step + 1 : step + 1 + batch.width][mask]
         alive &= (draft == greedy) & (following == greedy)
         into.accepted[step - 1] += int(alive.sum())
