@@ -31,6 +31,7 @@ from specdec_core.chat import chat_prompt_ids
 from specdec_core.presets.config import ConfigError, load_presets
 from specdec_core.errors import DeviceBusy
 from specdec_core.events import LENGTH_CONTEXT
+from specdec_core.int4_linear import Int4Linear
 from specdec_core.policy import DRAFT_LENGTH_BOUNDS
 from specdec_core.presets.holder import Cancelled, ModelHolder
 from specdec_core.presets.loading import LoadedModels, LoadError, load_preset
@@ -391,9 +392,14 @@ def _menu_drafter(drafter: str | None) -> str:
 
 
 def _low_precision(model) -> str | None:
-    """The target's dtype if greedy identity can break at a rounding tie there (bf16, fp16)."""
+    """What the target computes in if greedy identity can break at a rounding tie there: bf16 or
+    fp16 weights, or the offline preset's GGUF weights on int4 kernels (which compute in bf16)."""
     name = str(getattr(model, "dtype", "")).removeprefix("torch.")
-    return name if name in ("bfloat16", "float16") else None
+    if name in ("bfloat16", "float16"):
+        return name
+    if any(isinstance(module, Int4Linear) for module in model.modules()):
+        return "bfloat16 int4 kernels"
+    return None
 
 
 def _models_text(holder: ModelHolder) -> str:

@@ -193,3 +193,14 @@ def test_models_text_is_one_code_line_per_model():
 def test_render_module_does_not_import_torch():
     code = "import sys, app_render; assert 'torch' not in sys.modules and 'gradio' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_the_app_knows_when_a_greedy_difference_can_be_a_rounding_tie():
+    import torch
+
+    import app
+    from tests.tiny_models import tiny_llama
+
+    model = tiny_llama(seed=0, vocab=100)
+    assert app._low_precision(model) is None  # fp32: identical or a bug
+    assert app._low_precision(model.to(torch.bfloat16)) == "bfloat16"
