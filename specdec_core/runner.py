@@ -169,7 +169,7 @@ class KeptRunner:
         self.generation += 1
         if self._runner is None:
             self._runner, self._held = self._make_runner(self._model), []
-        shared = _shared_prefix_length(self._held, sequence[:-1])
+        shared = shared_prefix_length(self._held, sequence[:-1])
         if at_most is not None:
             shared = min(shared, at_most)
         self._runner.crop(shared)
@@ -199,7 +199,8 @@ def cache_memory_bytes(cache) -> int:
     return sum(storages.values())
 
 
-def _shared_prefix_length(a: list[int], b: list[int]) -> int:
+def shared_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many leading tokens the two sequences have in common."""
     length = min(len(a), len(b))
     for i in range(length):
         if a[i] != b[i]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import LoadError
-from ..runner import cache_memory_bytes, growing_cache
+from ..runner import cache_memory_bytes, growing_cache, shared_prefix_length
 from ..sampling import SamplingParams, probabilities, sample
 from .base import NO_DRAFT, Draft, Drafter
 from .eagle_head import Eagle3Head
@@ -76,7 +76,7 @@ class EagleDrafter(Drafter):
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Keep what the head read of the last sequence as far as the new one agrees with it."""
-        shared = _shared_prefix_length(self._tokens, prompt_ids)
+        shared = shared_prefix_length(self._tokens, prompt_ids)
         valid_pairs = min(self._pairs, max(shared - 1, 0))  # pair j also reads token j+1
         if valid_pairs < self._pairs:
             self._crop(valid_pairs)
@@ -221,11 +221,3 @@ def head_folder(path_or_hub_id: str | Path, local_files_only: bool = False) -> P
             f"EAGLE head {text} could not be downloaded ({type(error).__name__}): check the name and the "
             f"network, or download it first (`hf download {text}`)"
         ) from None
-
-
-def _shared_prefix_length(a: list[int], b: list[int]) -> int:
-    length = min(len(a), len(b))
-    for i in range(length):
-        if a[i] != b[i]:
-            return i
-    return length
