@@ -92,14 +92,20 @@ def generate_data(
 
 def _shard_prompts(index: int, previous: list[dict], tokenizer, settings: DataSettings) -> list[Prompt]:
     """Prompts over up to a third of the shard from the last shard's writing replies, the rest direct."""
+    derived = passage_prompts(index, previous, tokenizer, settings)
+    direct = direct_prompts(settings.per_shard - len(derived), seed=settings.seed * 1_000_003 + index)
+    return derived + direct
+
+
+def passage_prompts(index: int, previous: list[dict], tokenizer, settings: DataSettings) -> list[Prompt]:
+    """Shard `index`'s prompts over passages from the previous shard's writing replies (up to a
+    third of the shard); the held-out split rebuilds them to keep their passages out of training."""
     passages = [
         (row.get("topic", ""), _passage(tokenizer, row["reply_ids"]))
         for row in previous
         if row["family"] == "writing" and len(row["reply_ids"]) >= 40
     ][: settings.per_shard // 3]
-    derived = derived_prompts(passages, seed=settings.seed * 1_000_003 + index)
-    direct = direct_prompts(settings.per_shard - len(derived), seed=settings.seed * 1_000_003 + index)
-    return derived + direct
+    return derived_prompts(passages, seed=settings.seed * 1_000_003 + index)
 
 
 def _passage(tokenizer, reply_ids: list[int]) -> str:

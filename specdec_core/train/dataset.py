@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 
 from ..chat import chat_prompt_ids
-from .data import DataSettings, _passage, features_path, read_shard, shard_path
-from .prompts import derived_prompts
+from .data import DataSettings, features_path, passage_prompts, read_shard, shard_path
 
 
 @dataclass
@@ -63,12 +62,7 @@ def load_sequences(data_dir: Path, settings: DataSettings, tokenizer) -> tuple[l
 
 def _prompts_on(held_rows: list[dict], index: int, tokenizer, settings: DataSettings) -> set[tuple[int, ...]]:
     """The prompt ids shard `index` built on passages of the previous (held-out) shard."""
-    passages = [
-        (row.get("topic", ""), _passage(tokenizer, row["reply_ids"]))
-        for row in held_rows
-        if row["family"] == "writing" and len(row["reply_ids"]) >= 40
-    ][: settings.per_shard // 3]
-    prompts = derived_prompts(passages, seed=settings.seed * 1_000_003 + index)
+    prompts = passage_prompts(index, held_rows, tokenizer, settings)
     return {tuple(chat_prompt_ids(tokenizer, [{"role": "user", "content": p.text}])) for p in prompts}
 
 
