@@ -93,12 +93,20 @@ def test_ceiling_run_reports_every_setting_with_its_prediction(tmp_path):
         assert row["predicted_speedup"] > 0 and row["efficiency"] == pytest.approx(
             row["speedup"] / row["predicted_speedup"], rel=0.02)
         assert set(row["ms_per_round"]) == set(ceiling.PARTS)
+        # the prediction at the acceptance the draws realised: at a = 1 every draw is right
+        realised = row["measured_acceptance"]
+        assert row["predicted_at_measured_acceptance"] == pytest.approx(
+            ceiling._prediction(row["setting"], realised, row["c"], {int(g): v for g, v in result["costs"]["v"].items()})[1],
+            rel=0.02)
+        assert row["efficiency_at_measured_acceptance"] == pytest.approx(
+            row["speedup"] / row["predicted_at_measured_acceptance"], rel=0.02)
+    assert full["predicted_at_measured_acceptance"] == pytest.approx(full["predicted_speedup"], rel=0.02)
     assert set(result["costs"]["v"]) == {str(g) for g in range(1, 9)}
     paths = ceiling.write(tmp_path, result)
     assert [p.name for p in paths] == ["ceiling.json", "ceiling.md", "ceiling.png"]
     assert json.loads(paths[0].read_text())["results"]
     text = paths[1].read_text()
-    assert "| 1 | k=2 |" in text and "Where a round's time goes at a = 1" in text
+    assert "| 1 | k=2 |" in text and "Where a round's time goes at a = 1" in text and "efficiency at it" in text
     assert paths[2].stat().st_size > 1000
 
 

@@ -152,7 +152,7 @@ def smollm2_gguf(request):
     _kernel_available()
     if load_presets()["smollm2-135m-local"].cpu_weights == "gguf":
         return request.getfixturevalue("smollm2_local")
-    return load_preset("smollm2-135m-local", cpu_weights="gguf")
+    return load_preset("smollm2-135m-local", cpu_weights="gguf", load_eagle=True)
 
 
 def test_the_preset_says_which_weights_run(smollm2_gguf):
@@ -160,7 +160,7 @@ def test_the_preset_says_which_weights_run(smollm2_gguf):
     assert target.role == "target" and target.quantization == "gguf q4_1+q8_0"
     assert target.memory_bytes < 250e6  # 4-bit layers and head, plus the fp32 embedding (113 MB)
     line = smollm2_gguf.describe().splitlines()[0]
-    assert "GGUF Q4_1 x210, Q8_0 x1 on int4 kernels" in line and "prepacked" not in line
+    assert "GGUF Q4_1 x210, Q8_0 x1 on int4 kernels, row-exact attention" in line and "prepacked" not in line
     assert not any("fp32" in note for note in smollm2_gguf.notes)
 
 
@@ -169,8 +169,10 @@ def test_the_preset_says_which_weights_run(smollm2_gguf):
     "Write a Python function that returns the squares of a list of numbers.",
 ])
 def test_every_drafter_on_the_4bit_target_gives_hf_generates_tokens(smollm2_gguf, message):
-    """Greedy: our baseline, prompt lookup (fixed and adaptive) and the nf4 draft model on the
-    4-bit target all give exactly what Hugging Face generate() gives on the same loaded model."""
+    """Greedy: our baseline, prompt lookup (fixed and adaptive), the nf4 draft model, the EAGLE
+    head and hybrid on the 4-bit target all give exactly what Hugging Face generate() gives on the
+    same loaded model (its logits are bf16-rounded and tie often: row-exact attention is what
+    keeps verify steps from breaking a tie another way)."""
     from specdec_core import SamplingParams
     from specdec_core.chat import chat_prompt_ids
 
@@ -184,10 +186,35 @@ def test_every_drafter_on_the_4bit_target_gives_hf_generates_tokens(smollm2_gguf
         "prompt_lookup": models.make_engine(drafter="prompt_lookup", adaptive=False).generate(prompt, params),
         "prompt_lookup adaptive": models.make_engine(drafter="prompt_lookup").generate(prompt, params),
         "model": models.make_engine(drafter="model", adaptive=False).generate(prompt, params),
+        "eagle": models.make_engine(drafter="eagle", adaptive=False).generate(prompt, params),
+        "hybrid": models.make_engine(drafter="hybrid", adaptive=False).generate(prompt, params),
     }
     for name, result in results.items():
         assert result.token_ids == hf, name
-    assert results["prompt_lookup"].stats.drafted_tokens > 0 and results["model"].stats.drafted_tokens > 0
+    for name in ("prompt_lookup", "model", "eagle", "hybrid"):
+        assert results[name].stats.drafted_tokens > 0, name
+
+
+def test_on_the_4bit_target_a_verify_steps_rows_are_bitwise_its_one_token_steps(smollm2_gguf):
+    """The whole real model, every row of steps over 2 to 9 tokens against 1-token steps."""
+    from specdec_core.chat import chat_prompt_ids
+    from specdec_core.runner import CachedModel
+
+    models = smollm2_gguf
+    prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": "Explain how a bicycle gear works."}])
+    single = CachedModel(models.target)
+    logits = single.forward(prompt, last_only=True)
+    tokens, expected = [], []
+    for _ in range(24):
+        tokens.append(int(logits[-1].argmax()))
+        logits = single.forward(tokens[-1:])
+        expected.append(logits[-1])
+    for size in (2, 5, 9):
+        verify = CachedModel(models.target)
+        verify.forward(prompt, last_only=True)
+        for start in range(0, len(tokens), size):
+            for i, row in enumerate(verify.forward(tokens[start : start + size])):
+                assert torch.equal(row, expected[start + i]), (size, start + i)
 
 
 def test_where_the_kernel_is_missing_the_preset_runs_fp32_and_one_note_says_so(monkeypatch):

@@ -33,6 +33,7 @@ import torch
 
 from ..cli import inform, run_guarded
 from ..engine import SpeculativeEngine
+from ..presets.config import CPU_WEIGHTS
 from ..runner import CachedModel
 from ..sampling import SamplingParams
 from ..theory import expected_tokens, leviathan_speedup
@@ -68,13 +69,14 @@ class _IdTokenizer:
         return "".join(f" {int(i)}" for i in ids)
 
 
-def subject_from_preset(name: str, config_path=None, compile: bool | str | None = None, prompts: int = 4) -> Subject:
+def subject_from_preset(name: str, config_path=None, compile: bool | str | None = None, prompts: int = 4,
+                        cpu_weights: str | None = None) -> Subject:
     """A preset's target (no draft model), the project's own questions as chat prompts."""
     from ..chat import chat_prompt_ids
     from ..presets.loading import load_preset
     from .questions import load_questions
 
-    models = load_preset(name, config_path, load_draft=False, compile=compile)
+    models = load_preset(name, config_path, load_draft=False, compile=compile, cpu_weights=cpu_weights)
     questions = _spread(load_questions(None, None, None), prompts)
     ids = [chat_prompt_ids(models.tokenizer, [{"role": "user", "content": q.prompt}]) for q in questions]
     description = {
@@ -317,13 +319,13 @@ def _figures(setting: str, a: float, tally: _Tally, base: _Tally, costs: dict) -
     step_s = costs["target_step_ms"] / 1e3
     v = {int(g): ratio for g, ratio in costs["v"].items()}
     c = tally.parts_s["draft"] / tally.drafted / step_s if tally.drafted else 0.0
-    if setting == ADAPTIVE:  # what the best fixed draft length would give, by the formula
-        g, predicted = max(((g, leviathan_speedup(a, g, c, v[g])) for g in sorted(v)), key=lambda t: t[1])
-    else:
-        g = int(setting.removeprefix("k="))
-        predicted = leviathan_speedup(a, g, c, v[min(g, max(v))])
-    measured = base.decode_s / tally.decode_s if tally.decode_s else None
     tried = tally.accepted + tally.rejections
+    realised = tally.accepted / tried if tried else None
+    g, predicted = _prediction(setting, a, c, v)
+    # The drafter's right/wrong draws are random: over a few hundred drafts their rate strays from
+    # a by a few points. The prediction at the rate it realised separates that luck from the engine.
+    predicted_realised = _prediction(setting, realised, c, v)[1] if realised is not None else None
+    measured = base.decode_s / tally.decode_s if tally.decode_s else None
     rounds = max(tally.forwards, 1)
     return {
         "acceptance": a,
@@ -336,7 +338,10 @@ def _figures(setting: str, a: float, tally: _Tally, base: _Tally, costs: dict) -
         "predicted_g": g,
         "efficiency": round(measured / predicted, 3) if measured else None,
         "c": round(c, 4),
-        "measured_acceptance": round(tally.accepted / tried, 3) if tried else None,
+        "measured_acceptance": round(realised, 3) if realised is not None else None,
+        "predicted_at_measured_acceptance": round(predicted_realised, 3) if predicted_realised else None,
+        "efficiency_at_measured_acceptance": round(measured / predicted_realised, 3)
+        if measured and predicted_realised else None,
         "mean_draft_length": round(tally.drafted / rounds, 2),
         "ms_per_round": {p: round(1e3 * s / rounds, 3) for p, s in tally.parts_s.items()},
         "identical": tally.identical,
@@ -390,6 +395,18 @@ def _versions() -> dict:
 # ---------------------------------------------------------------- the report
 
 
+def _prediction(setting: str, a: float, c: float, v: dict[int, float]) -> tuple[int, float]:
+    """(g, Leviathan's speedup) for a fixed k=g, or for the adaptive engine the best fixed g's."""
+    if setting == ADAPTIVE:
+        return max(((g, leviathan_speedup(a, g, c, v[g])) for g in sorted(v)), key=lambda t: t[1])
+    g = int(setting.removeprefix("k="))
+    return g, leviathan_speedup(a, g, c, v[min(g, max(v))])
+
+
+def _number(value, spec: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
 def markdown(result: dict) -> str:
     """The result as markdown: the settings, then one row per (a, setting), then where the time goes."""
     s, subject, costs = result["settings"], result["subject"], result["costs"]
@@ -409,14 +426,21 @@ def markdown(result: dict) -> str:
         f"ours-baseline: {result['baseline']['tokens_per_second']} tokens/s of decoding. Every run gave ours-baseline's "
         f"tokens: {'yes' if result['identical'] else 'NO'}.",
         "",
-        "| a | setting | tokens / target forward | tokens/s | speedup | predicted | efficiency | mean k | c |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Efficiency = speedup / predicted at a. The drafter's draws are random, so the acceptance it realised "
+        "strays from a; the last columns predict at that realised rate, leaving the draws' luck out.",
+        "",
+        "| a | setting | tokens / target forward | tokens/s | speedup | predicted | efficiency | mean k | c "
+        "| realised a | predicted at it | efficiency at it |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["results"]:
         predicted = f"{r['predicted_speedup']:.2f}x" + (f" (g={r['predicted_g']})" if r["setting"] == ADAPTIVE else "")
+        realised = r.get("predicted_at_measured_acceptance")
         lines.append(
             f"| {r['acceptance']:g} | {r['setting']} | {r['tokens_per_target_forward']:.2f} | {r['tokens_per_second']:.1f} "
-            f"| {r['speedup']:.2f}x | {predicted} | {r['efficiency']:.2f} | {r['mean_draft_length']:.1f} | {r['c']:.3f} |"
+            f"| {r['speedup']:.2f}x | {predicted} | {r['efficiency']:.2f} | {r['mean_draft_length']:.1f} | {r['c']:.3f} "
+            f"| {_number(r['measured_acceptance'], '.3f')} | {_number(realised, '.2f', 'x')} "
+            f"| {_number(r.get('efficiency_at_measured_acceptance'), '.2f')} |"
         )
     focus = min({r["acceptance"] for r in result["results"]}, key=lambda a: abs(a - 0.8))
     lines += [
@@ -486,6 +510,8 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--target-config", help="a random-weight target: an architecture of the cost model "
                        "(qwen2.5-7b, qwen2.5-0.5b, smollm2-135m, tiny, ...) or a config.json")
     p.add_argument("--config", help="a models.yaml of your own (with --preset)")
+    p.add_argument("--cpu-weights", choices=CPU_WEIGHTS,
+                   help="with --preset on CPU: fp32 | gguf (default: the preset's cpu_weights)")
     p.add_argument("--device", default="auto", help="with --target-config: auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="with --target-config: auto is bfloat16 on CUDA, float32 on CPU")
@@ -523,7 +549,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
             prompts=args.prompts, prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens, seed=args.seed,
         )
     else:
-        subject = subject_from_preset(args.preset or "smollm2-135m-local", args.config, args.compile, args.prompts)
+        subject = subject_from_preset(args.preset or "smollm2-135m-local", args.config, args.compile, args.prompts,
+                                      args.cpu_weights)
     result = run_ceiling(
         subject,
         acceptances=_numbers(args.acceptance, float),

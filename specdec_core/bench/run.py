@@ -42,6 +42,7 @@ from .methods import (
     make_methods,
     timed_run,
 )
+from ..presets.config import CPU_WEIGHTS
 from .questions import DEFAULT_QUESTIONS, Question, load_questions
 from ..cli import EXIT_ERROR, inform, run_guarded  # noqa: F401  (EXIT_ERROR: an exit code)
 from .machine import bandwidth_ceiling, gguf_bytes_per_step, load_average
@@ -83,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-tokens", type=int, default=16,
                    help="max_new_tokens of the untimed warm-up run per question and method (0: none)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice, usually one per core)")
+    p.add_argument("--cpu-weights", choices=CPU_WEIGHTS,
+                   help="the target's weights on CPU: fp32 | gguf (default: the preset's cpu_weights)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     return p
 
@@ -116,7 +119,8 @@ def run(args: argparse.Namespace, command: str = "") -> int:
         torch.set_num_threads(args.threads)
     load_before = load_average()
     started = time.perf_counter()
-    models = load_preset(args.preset, args.config, load_draft=any(m in NEEDS_DRAFT_MODEL for m in methods))
+    models = load_preset(args.preset, args.config, load_draft=any(m in NEEDS_DRAFT_MODEL for m in methods),
+                         cpu_weights=args.cpu_weights)
     inform(f"preset: {models.preset.name}", *models.notes, models.describe())
     if args.methods is None and models.eagle_head is None:
         methods = [m for m in methods if m not in NEEDS_EAGLE_HEAD]

@@ -19,6 +19,7 @@ import torch
 
 from .config import AUTO, DRAFTERS, ModelSpec, Preset, PresetFile, load_config
 from ..int4_linear import gguf_weight_summary
+from ..row_attention import use_row_exact_attention, uses_row_exact_attention
 from ..packed_linear import has_packed_layers
 from .sources import (
     GATED,
@@ -241,6 +242,8 @@ def _decode_path(runner: Callable | None, model=None) -> str:
     gguf = gguf_weight_summary(model)
     if gguf:
         path += f", {gguf} on int4 kernels"
+    if uses_row_exact_attention(model):
+        path += ", row-exact attention"
     return f"{path}, prepacked weights" if has_packed_layers(model) else path
 
 
@@ -299,6 +302,8 @@ def load_preset(
         notes += gguf_notes
     setting = preset.compile if compile is None else compile
     target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes)
+    if gguf_weight_summary(target):
+        notes += _exact_rows(target, compiled=target_runner is not None)
     info = [target_info, *info]
     for role, model, runner in (("target", target, target_runner), ("draft", draft, draft_runner)):
         if model is not None and runner is None:  # eager decoding; compiled steps pick their own kernels
@@ -405,6 +410,17 @@ def _use_gguf_weights(spec: ModelSpec, model, info: ModelInfo) -> tuple[ModelInf
     info = replace(info, quantization=f"gguf {kinds}", memory_bytes=model.get_memory_footprint(),
                    load_s=info.load_s + time.perf_counter() - started)
     return info, notes
+
+
+def _exact_rows(model, compiled: bool) -> list[str]:
+    """The 4-bit target's logits are bf16 and tie often: switch its eager steps to row-exact
+    attention (see row_attention), so a verify step breaks every tie as a 1-token step does; a
+    note where that can't be done."""
+    problem = "compiled steps use the stock attention" if compiled else use_row_exact_attention(model)
+    if not problem:
+        return []
+    return [f"target: stock attention ({problem}): at a tie of its bf16 logits, greedy speculative output "
+            "may differ from plain decoding"]
 
 
 def _pack_for_cpu(role: str, model, info: list[ModelInfo]) -> list[str]:

@@ -1,0 +1,80 @@
+"""Row-exact attention (specdec_core/row_attention.py): each row of a verify step scores bitwise as
+a 1-token step does, so greedy speculation on a bf16-rounding target stays token-for-token exact."""
+
+from __future__ import annotations
+
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
+from torch import nn
+
+from specdec_core.int4_linear import Int4Linear, decode_blocks, kernel_problem
+from specdec_core.row_attention import MAX_ROWS, use_row_exact_attention, uses_row_exact_attention, why_not_row_exact
+from specdec_core.runner import CachedModel
+from tests.tiny_models import require, tiny_llama, tiny_qwen2
+
+VOCAB = 512
+
+
+def _int4_tiny_llama(seed: int):
+    """A tiny Llama whose linear layers, head included, run on the int4 kernel (Q4_1 blocks of
+    its own random weights): every part but attention computes each row alone."""
+    problem = kernel_problem()
+    require(problem is None, f"torch's int4 CPU kernel is needed here: {problem}")
+    model = tiny_llama(seed, vocab=VOCAB, init=0.2)
+    for name, module in list(model.named_modules()):
+        if type(module) is nn.Linear:
+            raw = quantize(module.weight.detach().numpy(), GGMLQuantizationType.Q4_1)
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child,
+                    Int4Linear(decode_blocks(raw, "Q4_1"), gguf_type="Q4_1"))
+    return model
+
+
+def _one_token_steps(model, prompt: list[int], tokens: list[int]) -> list[torch.Tensor]:
+    runner = CachedModel(model)
+    runner.forward(prompt, last_only=True)
+    return [runner.forward([token])[0] for token in tokens]
+
+
+def test_every_row_of_a_verify_step_is_bitwise_a_one_token_steps_row():
+    model = _int4_tiny_llama(seed=3)
+    assert use_row_exact_attention(model) is None and uses_row_exact_attention(model)
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, VOCAB, (40,), generator=generator).tolist()  # read as a prompt: > MAX_ROWS
+    tokens = torch.randint(0, VOCAB, (30,), generator=generator).tolist()
+    expected = _one_token_steps(model, prompt, tokens)
+    for size in (2, 5, 9, MAX_ROWS):
+        runner = CachedModel(model)
+        runner.forward(prompt, last_only=True)
+        start = 0
+        while start < len(tokens):  # steps of `size` tokens, each row checked
+            rows = runner.forward(tokens[start : start + size])
+            for i, row in enumerate(rows):
+                assert torch.equal(row, expected[start + i]), (size, start + i)
+            start += size
+
+
+def test_it_computes_the_same_attention_as_the_stock_path():
+    """On an fp32 model the two agree up to float rounding, for prompts and for short steps."""
+    stock, exact = tiny_llama(seed=5, vocab=VOCAB, init=0.2), tiny_llama(seed=5, vocab=VOCAB, init=0.2)
+    assert use_row_exact_attention(exact) is None
+    tokens = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(1)).tolist()
+    for model_logits in zip(*[_chunked_logits(model, tokens, [30, 1, 9, 4, MAX_ROWS - 1]) for model in (stock, exact)]):
+        torch.testing.assert_close(*model_logits, rtol=1e-4, atol=1e-5)
+
+
+def _chunked_logits(model, tokens: list[int], sizes: list[int]) -> list[torch.Tensor]:
+    runner, start, out = CachedModel(model), 0, []
+    for size in sizes:
+        out.append(runner.forward(tokens[start : start + size]))
+        start += size
+    return out
+
+
+def test_a_model_with_sliding_window_layers_keeps_the_stock_attention():
+    model = tiny_qwen2(seed=0, vocab=VOCAB, use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    assert why_not_row_exact(model) is not None
+    assert use_row_exact_attention(model) == why_not_row_exact(model)
+    assert not uses_row_exact_attention(model)
+    assert why_not_row_exact(tiny_qwen2(seed=0, vocab=VOCAB)) is None  # use_sliding_window defaults to off
