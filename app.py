@@ -33,6 +33,7 @@ from specdec_core.errors import DeviceBusy
 from specdec_core.events import LENGTH_CONTEXT
 from specdec_core.int4_linear import Int4Linear
 from specdec_core.policy import DRAFT_LENGTH_BOUNDS
+from specdec_core.row_attention import uses_row_exact_attention
 from specdec_core.presets.holder import Cancelled, ModelHolder
 from specdec_core.presets.loading import LoadedModels, LoadError, load_preset
 from specdec_core.serve import API_KEY_ENV, ApiAccess, access_for, api_routes
@@ -393,11 +394,12 @@ def _menu_drafter(drafter: str | None) -> str:
 
 def _low_precision(model) -> str | None:
     """What the target computes in if greedy identity can break at a rounding tie there: bf16 or
-    fp16 weights, or the offline preset's GGUF weights on int4 kernels (which compute in bf16)."""
+    fp16 weights, or GGUF weights on int4 kernels (which compute in bf16) without row-exact
+    attention (with it, a verify step breaks every tie as a 1-token step does)."""
     name = str(getattr(model, "dtype", "")).removeprefix("torch.")
     if name in ("bfloat16", "float16"):
         return name
-    if any(isinstance(module, Int4Linear) for module in model.modules()):
+    if not uses_row_exact_attention(model) and any(isinstance(module, Int4Linear) for module in model.modules()):
         return "bfloat16 int4 kernels"
     return None
 

