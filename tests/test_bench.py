@@ -212,6 +212,14 @@ def test_llamacpp_is_a_method_only_where_llama_cpp_is_importable(tiny_app_config
     present = lambda name, *a: object() if name == "llama_cpp" else real_find_spec(name, *a)  # noqa: E731
     monkeypatch.setattr(bench_methods.importlib.util, "find_spec", present)
     assert bench_methods.llamacpp_problem() is None and available_methods() == METHODS
+    # the default methods leave it out, with one line, for a target that is not a GGUF file
+    capsys.readouterr()
+    code = bench.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path),
+                       "--categories", "qa", "--limit", "1", "--max-new-tokens", "4", "--repeats", "1",
+                       "--warmup-tokens", "0"])
+    assert code == 0
+    assert "llamacpp: the target " in capsys.readouterr().err
+    assert "llamacpp" not in json.loads((tmp_path / "results.json").read_text())["results"]
 
 
 def test_small_run_greedy_outputs_equal_the_baseline(tiny_run):

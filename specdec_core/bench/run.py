@@ -42,7 +42,7 @@ from .methods import (
     make_methods,
     timed_run,
 )
-from ..presets.config import CPU_WEIGHTS
+from ..presets.config import CPU_WEIGHTS, GGUF_KINDS
 from .questions import DEFAULT_QUESTIONS, Question, load_questions
 from ..cli import EXIT_ERROR, inform, run_guarded  # noqa: F401  (EXIT_ERROR: an exit code)
 from .machine import bandwidth_ceiling, gguf_bytes_per_step, load_average
@@ -125,6 +125,9 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     if args.methods is None and models.eagle_head is None:
         methods = [m for m in methods if m not in NEEDS_EAGLE_HEAD]
         inform(f"no EAGLE head loaded: leaving out {', '.join(NEEDS_EAGLE_HEAD)}")
+    if args.methods is None and LLAMACPP in methods and models.preset.target.kind not in GGUF_KINDS:
+        methods = [m for m in methods if m != LLAMACPP]
+        inform(f"llamacpp: the target {models.preset.target.label} is not a GGUF file: not compared")
     bench_methods = make_methods(methods, models, threads=args.threads)
     prompts = {
         q.question_id: chat_prompt_ids(models.tokenizer, [{"role": "user", "content": q.prompt}]) for q in questions
