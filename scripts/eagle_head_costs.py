@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from specdec_core.bench.machine import load_average  # noqa: E402
-from specdec_core.int4_linear import Int4Linear, decode_blocks  # noqa: E402
+from specdec_core.int4_linear import quantise_linear_layers  # noqa: E402
 from specdec_core.packed_linear import pack_linear_layers  # noqa: E402
 from specdec_core.presets.loading import load_preset  # noqa: E402
 from specdec_core.presets.sources import OFFLINE_PRESET  # noqa: E402
@@ -33,16 +33,8 @@ from specdec_core.runner import CachedModel, growing_cache  # noqa: E402
 
 def on_int4(head: nn.Module) -> nn.Module:
     """A copy of the head whose linear layers run on Q4_1 groups of their own weights."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
-
     four_bit = copy.deepcopy(head)
-    for name, module in list(four_bit.named_modules()):
-        if type(module) is nn.Linear:
-            raw = quantize(module.weight.detach().float().numpy(), GGMLQuantizationType.Q4_1)
-            parent, _, child = name.rpartition(".")
-            setattr(four_bit.get_submodule(parent) if parent else four_bit, child,
-                    Int4Linear(decode_blocks(raw, "Q4_1"), gguf_type="Q4_1"))
+    quantise_linear_layers(four_bit)
     return four_bit
 
 

@@ -190,6 +190,22 @@ def use_gguf_weights(model: nn.Module, gguf_path: str | Path, *, include_head: b
     return Swap(swapped, kept)
 
 
+def quantise_linear_layers(model: nn.Module, type_name: str = "Q4_1") -> int:
+    """Swap, in place, every fp32 CPU nn.Linear of `model` for an Int4Linear built from
+    `type_name` blocks of its own weights (gguf's quantiser): the 4-bit path for a model that has
+    no GGUF file (a test model, an EAGLE head). Returns how many layers were swapped."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    swapped = 0
+    for name, module in list(model.named_modules()):
+        if _swappable(module):
+            raw = quantize(module.weight.detach().numpy(), GGMLQuantizationType[type_name])
+            _replace(model, name, Int4Linear(decode_blocks(raw, type_name), module.bias, gguf_type=type_name))
+            swapped += 1
+    return swapped
+
+
 def gguf_weight_summary(model: nn.Module) -> str:
     """"GGUF Q4_1 x210, Q8_0 x1" for a model with Int4Linear layers, "" without."""
     counts: dict[str, int] = {}

@@ -4,11 +4,8 @@ a 1-token step does, so greedy speculation on a bf16-rounding target stays token
 from __future__ import annotations
 
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import quantize
-from torch import nn
 
-from specdec_core.int4_linear import Int4Linear, decode_blocks, kernel_problem
+from specdec_core.int4_linear import kernel_problem, quantise_linear_layers
 from specdec_core.row_attention import MAX_ROWS, use_row_exact_attention, uses_row_exact_attention, why_not_row_exact
 from specdec_core.runner import CachedModel
 from tests.tiny_models import require, tiny_llama, tiny_qwen2
@@ -22,12 +19,7 @@ def _int4_tiny_llama(seed: int):
     problem = kernel_problem()
     require(problem is None, f"torch's int4 CPU kernel is needed here: {problem}")
     model = tiny_llama(seed, vocab=VOCAB, init=0.2)
-    for name, module in list(model.named_modules()):
-        if type(module) is nn.Linear:
-            raw = quantize(module.weight.detach().numpy(), GGMLQuantizationType.Q4_1)
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child,
-                    Int4Linear(decode_blocks(raw, "Q4_1"), gguf_type="Q4_1"))
+    assert quantise_linear_layers(model) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer; the head
     return model
 
 
