@@ -124,7 +124,13 @@ def test_drafts_after_a_catch_up_only_if_the_tokens_left_repay_it():
 
 def test_prefers_a_shorter_draft_when_only_that_pays():
     policy = calibrated(acceptance=0.5, draft_per_token=0.0, per_extra_token=0.002, k=8)
-    assert 2 <= policy.next_draft_length(room=100) < 8
+    assert 1 <= policy.next_draft_length(room=100) < 8
+
+
+def test_a_weak_costly_drafter_may_draft_one_token():
+    # Acceptance 0.4, a draft costing 0.1 of a step: one draft gains 1.4 / 1.2 = 1.17x, two 1.56 / 1.4.
+    policy = calibrated(acceptance=0.4, draft_per_token=0.001, k=2)
+    assert policy.next_draft_length(room=100) == 1
 
 
 def test_room_caps_the_draft():
@@ -132,10 +138,33 @@ def test_room_caps_the_draft():
     assert calibrated(acceptance=0.9, draft_per_token=0.0).next_draft_length(room=0) == 0
 
 
-def test_costs_interpolate_unmeasured_sizes():
-    costs = StepCosts(target_s={1: 0.010, 5: 0.014})
-    assert costs.target(3) == pytest.approx(0.012)
+def test_an_unmeasured_size_is_priced_as_the_measured_one_below_it():
+    costs = StepCosts(target_s={1: 0.010, 5: 0.014, 9: 0.020})
+    assert costs.target(3) == 0.010 and costs.target(5) == 0.014 and costs.target(8) == 0.014
+    assert costs.target(12) == 0.020
     assert StepCosts(target_s={1: 0.01}).target(4) is None
+
+
+# torch's int4 CPU kernel in the 4-bit offline target (ms per forward over n tokens, 2 threads,
+# scripts/cpu_weights_costs.py; 7 set between its neighbours): it works in blocks of 4 rows, so
+# 5 tokens cost far more than 4.
+BLOCKED_MS = {1: 19.5, 2: 21.2, 3: 23.2, 4: 25.4, 5: 34.3, 6: 35.8, 7: 37.5, 8: 39.3, 9: 48.9}
+
+
+def test_a_free_drafter_finds_the_cheap_block_size_by_trying_the_unmeasured_ones():
+    # Measured so far: a plain step and a verify of 1 + 5 (the default length); at acceptance
+    # 0.6 three drafts (one block of 4 rows) pay most, which no line through 1 and 6 shows.
+    policy = DraftLengthPolicy(k=5)
+    policy.costs = StepCosts(target_s={n: BLOCKED_MS[n] / 1000 for n in (1, 6)}, draft_s_per_token=0.0)
+    expect(policy, 0.6)
+    chosen = []
+    for _ in range(12):
+        k = policy.next_draft_length(room=1000)
+        chosen.append(k)
+        policy.costs.record_target(k + 1, BLOCKED_MS[k + 1] / 1000)
+    assert len(set(chosen[:8])) > 1  # it tried lengths it had not measured
+    best = max(range(1, 9), key=lambda k: expected_tokens(0.6, k) / BLOCKED_MS[k + 1])
+    assert best == 3 and chosen[-4:] == [best] * 4
 
 
 def test_a_free_drafter_is_never_paused_and_learns_from_unverified_proposals():

@@ -73,13 +73,14 @@ class HybridDrafter(Drafter):
         started = time.perf_counter()
         copied = self.lookup.propose(context, k, params, generator)
         lookup_s = time.perf_counter() - started
-        offers = [(self.sources["lookup"], len(copied.tokens)), (self.sources[self.learned.name], k)]
+        length = self._learned_length(k)
+        offers = [(self.sources["lookup"], len(copied.tokens)), (self.sources[self.learned.name], length)]
         if copied.tokens and best_source(offers, self._costs) == 0:
             return self._from_lookup(copied, lookup_s)
-        if not self._learned_may_draft(k):
+        if not self._learned_may_draft(length):
             return self._from_lookup(copied, lookup_s) if copied.tokens else self._nothing()
         started = time.perf_counter()
-        draft = self.learned.propose(context, k, params, generator)
+        draft = self.learned.propose(context, length, params, generator)
         self._last = (self.learned.name, len(draft.tokens), time.perf_counter() - started)
         self.chosen[self.learned.name] += 1
         return draft
@@ -92,6 +93,16 @@ class HybridDrafter(Drafter):
     def _nothing(self) -> Draft:
         self._last = None
         return NO_DRAFT
+
+    def _learned_length(self, k: int) -> int:
+        """The learned drafter's own best length up to the k asked: the engine's k follows the
+        pooled acceptance, lookup's streaks included, and a head right a third of the time pays
+        (if at all) with one draft, not five. k itself until its costs are measured."""
+        source = self.sources[self.learned.name]
+        rates = {n: tokens_per_second(source, n, self._costs) for n in range(1, k + 1)}
+        if not rates or None in rates.values():
+            return k
+        return max(rates, key=rates.get)
 
     def _learned_may_draft(self, k: int) -> bool:
         """Whether the learned drafter proposes this round: unmeasured, paying, or due a probe."""
