@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
                    f"{LLAMACPP} only where llama-cpp-python is installed, ours-eagle and ours-hybrid only "
                    "when the preset's EAGLE head loads)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    p.add_argument("--seed", type=int, default=0, help="base seed of sampling runs (temperature > 0)")
+    p.add_argument("--seed", type=int, default=0, help="base seed of Hugging Face's sampling runs (temperature > 0); ours sample unseeded, as a chat does (a seed turns the cost gate off)")
     p.add_argument("--warmup-tokens", type=int, default=16,
                    help="max_new_tokens of the untimed warm-up run per question and method (0: none)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice, usually one per core)")
