@@ -194,3 +194,34 @@ def test_the_trained_head_drafts_in_the_engine_and_the_output_stays_the_targets(
     result = engine.generate(prompt, params)
     assert result.token_ids == plain.token_ids
     assert result.stats.drafted_tokens > 0
+
+
+def test_a_held_out_reply_to_a_prompt_also_trained_on_is_not_measured(tmp_path, data_work, smol_tokenizer):
+    # The prompt source repeats some topic x template pairs: a held-out greedy reply to a prompt the
+    # head trained on is one it may know by heart, so the measurement leaves it out.
+    import shutil
+
+    from specdec_core.train.data import DataSettings, features_path, read_shard, shard_path
+    from specdec_core.train.dataset import held_out_shards, load_sequences
+
+    data = tmp_path / "data"
+    shutil.copytree(data_work / "train_work" / "data", data)
+    settings = DataSettings(shards=QUICK["shards"], per_shard=QUICK["per_shard"], batch_size=QUICK["gen_batch"],
+                            max_new_tokens=QUICK["max_new_tokens"])
+    (held,) = held_out_shards(settings.shards)
+    long_enough = lambda row: len(row["reply_ids"]) >= 3  # noqa: E731 (shorter ones hold no draft chain)
+    trained = next(filter(long_enough, read_shard(shard_path(data, 0))))
+    trained_prompts = {tuple(r["prompt_ids"]) for r in read_shard(shard_path(data, 0)) if long_enough(r)}
+    rows = read_shard(shard_path(data, held))
+    features = torch.load(features_path(data, held), weights_only=True)
+    repeat = {**next(filter(long_enough, rows)), "prompt_ids": trained["prompt_ids"]}
+    width = features[0]["aux"].shape[-1], features[0]["final"].shape[-1]
+    n = len(repeat["prompt_ids"]) + len(repeat["reply_ids"]) - 1
+    repeat_features = {"aux": torch.zeros(n, width[0], dtype=torch.float16), "final": torch.zeros(n, width[1], dtype=torch.float16)}
+    shard_path(data, held).write_text("".join(json.dumps(r) + "\n" for r in [*rows, repeat]))
+    torch.save([*features, repeat_features], features_path(data, held))
+
+    _, heldout = load_sequences(data, settings, smol_tokenizer)
+    prompts = [s.ids[: s.reply_start].tolist() for s in heldout]
+    assert trained["prompt_ids"] not in prompts
+    assert len(heldout) == sum(long_enough(r) and tuple(r["prompt_ids"]) not in trained_prompts for r in rows) > 0
