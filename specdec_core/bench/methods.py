@@ -20,7 +20,6 @@ tokens of every call, which `rounds_from_trace` turns into (drafted, accepted) p
 
 from __future__ import annotations
 
-
 import importlib.util
 import os
 import time
