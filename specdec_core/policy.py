@@ -271,6 +271,16 @@ def tokens_per_second(source: DraftSource, k: int, costs: StepCosts) -> float | 
     return expected_tokens(acceptance, k) / round_s if round_s > 0 else None
 
 
+def best_length(source: DraftSource, k_max: int, costs: StepCosts) -> tuple[int, float | None]:
+    """The draft length in [1, k_max] with the most expected tokens per second from `source`, and
+    that rate; (k_max, None) until the target's steps are measured."""
+    rates = {k: tokens_per_second(source, k, costs) for k in range(1, k_max + 1)}
+    if not rates or None in rates.values():
+        return k_max, None
+    best = max(rates, key=rates.get)
+    return best, rates[best]
+
+
 def best_source(offers: list[tuple[DraftSource, int]], costs: StepCosts) -> int:
     """Index of the offer (source, tokens it proposes) with the most expected tokens per second;
     before the target is measured, the first offer with tokens."""

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from ..policy import DraftSource, StepCosts, best_source, tokens_per_second
+from ..policy import DraftSource, StepCosts, best_length, best_source
 from ..sampling import SamplingParams
 from .base import NO_DRAFT, Draft, Drafter
 from .lookup import PromptLookupDrafter
@@ -73,11 +73,14 @@ class HybridDrafter(Drafter):
         started = time.perf_counter()
         copied = self.lookup.propose(context, k, params, generator)
         lookup_s = time.perf_counter() - started
-        length = self._learned_length(k)
+        # The learned drafter's own best length, not the engine's k: that follows the pooled
+        # acceptance, lookup's streaks included, and a head right a third of the time pays (if
+        # at all) with one draft, not five.
+        length, rate = best_length(self.sources[self.learned.name], k, self._costs)
         offers = [(self.sources["lookup"], len(copied.tokens)), (self.sources[self.learned.name], length)]
         if copied.tokens and best_source(offers, self._costs) == 0:
             return self._from_lookup(copied, lookup_s)
-        if not self._learned_may_draft(length):
+        if not self._learned_may_draft(rate):
             return self._from_lookup(copied, lookup_s) if copied.tokens else self._nothing()
         started = time.perf_counter()
         draft = self.learned.propose(context, length, params, generator)
@@ -94,19 +97,9 @@ class HybridDrafter(Drafter):
         self._last = None
         return NO_DRAFT
 
-    def _learned_length(self, k: int) -> int:
-        """The learned drafter's own best length up to the k asked: the engine's k follows the
-        pooled acceptance, lookup's streaks included, and a head right a third of the time pays
-        (if at all) with one draft, not five. k itself until its costs are measured."""
-        source = self.sources[self.learned.name]
-        rates = {n: tokens_per_second(source, n, self._costs) for n in range(1, k + 1)}
-        if not rates or None in rates.values():
-            return k
-        return max(rates, key=rates.get)
-
-    def _learned_may_draft(self, k: int) -> bool:
-        """Whether the learned drafter proposes this round: unmeasured, paying, or due a probe."""
-        rate = tokens_per_second(self.sources[self.learned.name], k, self._costs)
+    def _learned_may_draft(self, rate: float | None) -> bool:
+        """Whether the learned drafter proposes this round, given its expected tokens per second
+        at its best length: unmeasured, paying, or due a probe."""
         step = self._costs.target(1)
         if rate is None or step is None or rate * step >= 1.0 or self._sat_out >= PROBE_EVERY:
             self._sat_out = 0
