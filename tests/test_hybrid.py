@@ -7,10 +7,9 @@ from specdec_core.drafters.base import Draft, Drafter
 from specdec_core.drafters.hybrid import PROBE_EVERY, HybridDrafter
 from specdec_core.policy import Acceptance, StepCosts
 from specdec_core.sampling import SamplingParams
+from tests.test_policy import BLOCKED_MS  # the 4-bit offline target's forward costs by token count
 
 GREEDY = SamplingParams(temperature=0.0)
-# ms per target forward over n tokens: the 4-bit offline target (see tests/test_policy.py)
-BLOCKED_MS = {1: 19.5, 2: 21.2, 3: 23.2, 4: 25.4, 5: 34.3, 6: 35.8, 7: 37.5, 8: 39.3, 9: 48.9}
 
 
 class CountingDrafter(Drafter):
