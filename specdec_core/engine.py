@@ -54,10 +54,10 @@ class SpeculativeEngine:
         generates at a time); None: one of its own, made with make_runner."""
         # One policy for the engine's lifetime: measured step costs and acceptance carry over
         # from one reply to the next, so a draft that can't pay here isn't probed afresh each time.
-        self.policy = DraftLengthPolicy(draft_length, adaptive)  # also validates draft_length
+        self.drafter = drafter if drafter is not None else Drafter()
+        self.policy = self._new_policy(draft_length, adaptive, timed=True)  # also validates draft_length
         self.target_model = target_model.eval()
         self.tokenizer = tokenizer
-        self.drafter = drafter if drafter is not None else Drafter()
         self.drafter.bind(self.target_model, tokenizer)
         # The target layers the drafter reads (none for most): captured during our own forwards.
         self._tap = FeatureTap(self.target_model, self.drafter.feature_layers)
@@ -152,7 +152,10 @@ class SpeculativeEngine:
         draft lengths, and with them the random draws, depend only on the tokens."""
         if params.seed is None:
             return self.policy
-        return DraftLengthPolicy(self.draft_length, self.adaptive, timed=False)
+        return self._new_policy(self.draft_length, self.adaptive, timed=False)
+
+    def _new_policy(self, draft_length: int, adaptive: bool, timed: bool) -> DraftLengthPolicy:
+        return DraftLengthPolicy(draft_length, adaptive, timed=timed, drafter_chooses=self.drafter.chooses_length)
 
     def forget(self) -> None:
         """Drop what the target and the drafter kept from earlier generations, so the next one

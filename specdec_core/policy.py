@@ -139,6 +139,11 @@ class DraftLengthPolicy:
     in_streak: bool = False  # the last round drafted and kept every draft
     exploration_s: float = 0.0  # time put aside by plain rounds for probing a paused draft
     timed: bool = True  # False: no cost gate; the lengths depend only on acceptance (reproducible)
+    # A drafter that weighs its own options each round (the hybrid: which source, how long, or
+    # nothing) is gated by itself: the policy only calibrates and caps its length. Pooled over
+    # its sources, the acceptance and cost seen here would gate it wrongly (a few misses of its
+    # head pause its lookup too).
+    drafter_chooses: bool = False
 
     def __post_init__(self) -> None:
         lowest, highest = DRAFT_LENGTH_BOUNDS
@@ -158,6 +163,8 @@ class DraftLengthPolicy:
             return min(self.k, room)
         if self.costs.target(1) is None:
             return 0  # calibrate: one plain step measures what speculation must beat
+        if self.drafter_chooses:
+            return min(self.highest, room)
         # A free drafter's length is the cost model's choice over the whole range (verify cost
         # is what matters, and it need not grow with length); a costly one stays within k.
         free = self.drafting_is_free()
@@ -185,7 +192,10 @@ class DraftLengthPolicy:
         return (this.accepted + _PRIOR_TRIES * other.estimate) / (this.tried + _PRIOR_TRIES)
 
     def drafting_is_free(self) -> bool:
-        """Whether proposals cost next to nothing next to a target step (e.g. prompt lookup)."""
+        """Whether proposals cost next to nothing next to a target step (e.g. prompt lookup), so
+        plain rounds ask for one to compare. Never for a drafter that chooses: it may be costly."""
+        if self.drafter_chooses:
+            return False
         step, per_token = self.costs.target(1), self.costs.draft_s_per_token
         return step is not None and per_token is not None and per_token < _CHEAP * step
 

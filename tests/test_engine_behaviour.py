@@ -1,6 +1,7 @@
 """Cache rollback, stops, clamping, draft-length bounds, vocabularies and bad input."""
 
 import copy
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -9,6 +10,7 @@ from transformers import AutoTokenizer
 
 from specdec_core import EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
 from specdec_core.bench.methods import trace_forwards
+from specdec_core.drafters.base import Draft, Drafter
 from specdec_core.policy import MAX_DRAFT_LENGTH
 from tests.tiny_models import perturbed_copy, random_eagle_head, tiny_llama, tiny_qwen2
 
@@ -362,3 +364,38 @@ def test_an_eagle_head_reads_a_new_prompt_as_catch_up(target, smol_tokenizer):
     assert reads[0] == len(prompt) - 1  # one batched pass over the prompt's pairs: the catch-up
     assert engine.policy.costs.catch_up_s_per_token is not None  # timed as catch-up
     assert max(reads[1:]) <= 1 + 3  # then each round: the accepted positions, the draft steps
+
+
+class AskedHybrid(HybridDrafter):
+    """A hybrid that counts the rounds the engine asks it to draft."""
+
+    def __init__(self, learned):
+        super().__init__(learned)
+        self.asked = 0
+
+    def propose(self, context, k, params, generator):
+        self.asked += 1
+        return super().propose(context, k, params, generator)
+
+
+class DearWrongDrafter(Drafter):
+    """A learned drafter that is slow and always proposes the last token again."""
+
+    name = "draft"
+
+    def propose(self, context, k, params, generator):
+        time.sleep(0.01)
+        return Draft([context[-1]] * k)
+
+
+def test_a_hybrid_is_asked_every_round_after_its_learned_drafter_misses(target, smol_tokenizer, prompt_ids):
+    """The hybrid gates its learned drafter itself; gated also by the engine from estimates
+    pooled over both sources, a few misses of the head paused lookup too (issue: the hybrid's
+    stuck state)."""
+    hybrid = AskedHybrid(DearWrongDrafter())
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=hybrid)
+    result = engine.generate(prompt_ids, greedy(40))
+    rounds = engine.stats.rounds
+    assert any(drafted == 0 for drafted, _ in rounds[1:])  # the learned drafter sat out...
+    assert hybrid.asked >= len(rounds) - 2  # ...yet every round but calibration (and the last) asked
+    assert result.token_ids == SpeculativeEngine(target, smol_tokenizer).generate(prompt_ids, greedy(40)).token_ids

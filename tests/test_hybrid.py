@@ -65,3 +65,13 @@ def test_an_unmeasured_head_is_asked_for_the_engines_length():
     hybrid.use_costs(StepCosts())
     propose(hybrid, k=5)
     assert learned.asked == [5]
+
+
+def test_lookup_drafts_only_as_far_as_pays_at_its_acceptance():
+    hybrid, learned = hybrid_with(acceptance=0.0, draft_ms=5.0)  # the head loses: lookup's turn
+    hybrid.sources["lookup"].acceptance = Acceptance.of(0.5)
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]  # "1 2 3" occurred: lookup offers 4 5 6 7 8
+    draft = hybrid.propose(context, 5, GREEDY, torch.Generator())
+    # At 0.5 two drafts give 1.75 tokens for 1.09 steps; three 1.875 for 1.19; five 1.97 for 1.84.
+    assert draft.tokens == [4, 5] and learned.asked == []
+

@@ -185,3 +185,20 @@ def test_probing_a_draft_that_could_never_pay_loses_at_most_the_share_put_aside(
     k = policy.k
     lost = k * 0.008 + policy.costs.target(k + 1) - expected_tokens(0.9, k) * step
     assert lost > 0 and lost <= 0.02 * plain * step * 1.01
+
+
+def test_a_drafter_that_chooses_its_own_drafts_is_asked_every_round_for_the_longest():
+    # Dear and poor, pooled over a hybrid's sources: this gate would decode plainly, and with
+    # nothing asked, nothing would tell it when lookup's matches pay again.
+    gated = calibrated(acceptance=0.2, draft_per_token=0.003)
+    assert gated.next_draft_length(room=100) == 0
+    chooser = calibrated(acceptance=0.2, draft_per_token=0.003)
+    chooser.drafter_chooses = True
+    assert chooser.next_draft_length(room=100) == chooser.highest
+    assert chooser.next_draft_length(room=3) == 3
+    assert not chooser.drafting_is_free()  # plain rounds never ask it: it may call its head
+
+
+def test_a_drafter_that_chooses_still_gets_a_calibration_step_and_a_fixed_k():
+    assert DraftLengthPolicy(k=5, drafter_chooses=True).next_draft_length(room=100) == 0
+    assert DraftLengthPolicy(k=5, adaptive=False, drafter_chooses=True).next_draft_length(room=100) == 5

@@ -49,6 +49,10 @@ class Drafter:
 
     name = "none"
     feature_layers: tuple[int, ...] = ()  # target layers whose inputs this drafter reads
+    # True: the drafter weighs its own options each round from the costs use_costs hands it,
+    # drafts nothing when nothing pays, and reads what it missed itself (lag stays 0); the
+    # engine then asks it every round for up to the longest draft (policy.drafter_chooses).
+    chooses_length = False
 
     def bind(self, target_model, tokenizer) -> None:
         """Called once by the engine: check that this drafter can serve that target."""

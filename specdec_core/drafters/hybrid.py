@@ -4,15 +4,19 @@
 Each round it asks prompt lookup first (it costs next to nothing). With no match the other
 drafter proposes. With a match, policy.best_source weighs the two by what they have shown so
 far: each one's acceptance and drafting time per token, and the target's measured verify cost
-for the length each would draft. Both keep their state current either way: the learned
-drafter reads the target's features (or catches up on the tokens) whichever source drafted.
+for the length each would draft. Each source drafts its own best length. Both keep their state
+current either way: the learned drafter reads the target's features (or catches up on the
+tokens) whichever source drafted.
 
 A learned drafter whose expected tokens per second, measured so far, don't beat a plain step
 sits out (the round decodes plainly, or drafts from lookup), except for one probe every
-PROBE_EVERY rounds it sat out. Without this its misses dragged down the engine's acceptance
-estimate, which is pooled over both sources, until the engine's policy stopped drafting at all
-and lookup's matches went unused (measured on the 4-bit target: 1.00 tokens per target forward
-on translation, where lookup alone made 2.29).
+PROBE_EVERY rounds it sat out.
+
+The hybrid gates itself, so the engine asks it every round (Drafter.chooses_length). Gated by
+the engine, from one acceptance and one drafting cost pooled over both sources, a few misses of
+the head made the hybrid look dear and poor, the engine stopped drafting, and since nothing then
+updated those estimates, lookup's matches went unused until a probe (measured on the 4-bit
+target: 4 of 5 Spec-Bench conversation questions decoded plainly).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class HybridDrafter(Drafter):
     """Prompt lookup or `learned` (EagleDrafter or ModelDrafter), chosen each round."""
 
     name = "hybrid"
+    chooses_length = True
 
     def __init__(self, learned: Drafter, lookup: PromptLookupDrafter | None = None) -> None:
         self.learned = learned
@@ -63,16 +68,12 @@ class HybridDrafter(Drafter):
     def observe(self, features: torch.Tensor, position: int) -> None:
         self.learned.observe(features, position)
 
-    def lag(self, context: list[int]) -> int:
-        return self.learned.lag(context)
-
-    def catch_up(self, context: list[int]) -> None:
-        self.learned.catch_up(context)
-
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
         started = time.perf_counter()
         copied = self.lookup.propose(context, k, params, generator)
         lookup_s = time.perf_counter() - started
+        if copied.tokens:  # only as far as pays at lookup's acceptance: a longer verify costs more
+            copied = _first(copied, best_length(self.sources["lookup"], len(copied.tokens), self._costs)[0])
         # The learned drafter's own best length, not the engine's k: that follows the pooled
         # acceptance, lookup's streaks included, and a head right a third of the time pays (if
         # at all) with one draft, not five.
@@ -82,6 +83,8 @@ class HybridDrafter(Drafter):
             return self._from_lookup(copied, lookup_s)
         if not self._learned_may_draft(rate):
             return self._from_lookup(copied, lookup_s) if copied.tokens else self._nothing()
+        if self.learned.lag(context):  # what it missed while sitting out; not drafting time
+            self.learned.catch_up(context)
         started = time.perf_counter()
         draft = self.learned.propose(context, length, params, generator)
         self._last = (self.learned.name, len(draft.tokens), time.perf_counter() - started)
@@ -121,3 +124,10 @@ class HybridDrafter(Drafter):
 
     def release(self, context: list[int] | None) -> None:
         self.learned.release(context)
+
+
+def _first(draft: Draft, n: int) -> Draft:
+    """The draft's first n tokens (and their distributions)."""
+    if n >= len(draft.tokens):
+        return draft
+    return Draft(draft.tokens[:n], None if draft.probs is None else draft.probs[:n])
