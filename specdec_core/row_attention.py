@@ -19,6 +19,11 @@ and value it writes into the cache, is bitwise what plain decoding writes, and g
 token-for-token identical (tested on the real 4-bit model). Reading a prompt (more than
 MAX_ROWS tokens) takes the stock path: plain and speculative decoding read a prompt alike.
 
+A batch of sequences (the EAGLE trainer's left-padded `generate`) also takes the stock path,
+with its mask: the row path attends to every key before a row, and in a padded batch some of
+those are padding. (It once did not, and the trainer's replies to every prompt shorter than
+the longest of its batch came out as word salad: "a immersive immersive immersive ...".)
+
 It costs a few ms per verify step on CPU (SmolLM2-135M, 2 threads: a step over 1 + 8 tokens 44
 instead of 41 ms at 64 tokens of context); 1-token steps are unchanged. Batch size 1 and
 full causal attention only: a model with sliding-window layers keeps the stock attention.
@@ -40,8 +45,8 @@ MAX_ROWS = DRAFT_LENGTH_BOUNDS[1] + 1  # the longest verify step: a token and it
 def row_exact_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers' attention signature: query [1, heads, rows, d], key and value
     [1, kv_heads, cached + rows, d] -> ([1, rows, heads, d], None)."""
-    rows = query.shape[2]
-    if rows > MAX_ROWS:
+    batch, _, rows, _ = query.shape
+    if rows > MAX_ROWS or batch > 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     seen = key.shape[2] - rows + 1  # keys the first row attends to: the cached ones and itself
     outputs = [

@@ -70,3 +70,20 @@ def test_a_model_with_sliding_window_layers_keeps_the_stock_attention():
     assert use_row_exact_attention(model) == why_not_row_exact(model)
     assert not uses_row_exact_attention(model)
     assert why_not_row_exact(tiny_qwen2(seed=0, vocab=VOCAB)) is None  # use_sliding_window defaults to off
+
+
+def test_a_left_padded_batch_generates_what_each_sequence_generates_alone():
+    """The EAGLE trainer generates its data in left-padded batches: the padding must stay masked
+    (the row path, made for the engine's batch-1 steps, would attend to it)."""
+    model = tiny_llama(seed=7, vocab=VOCAB, init=0.2)
+    assert use_row_exact_attention(model) is None
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in (12, 5, 9)]
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    settings = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
+    batched = model.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)[:, width:]
+    for prompt, row in zip(prompts, batched.tolist()):
+        alone = model.generate(input_ids=torch.tensor([prompt]), **settings)[0, len(prompt):].tolist()
+        assert row == alone
