@@ -48,7 +48,8 @@ def readme(summary: dict) -> str:
         f"Self-distilled: the target's own replies (chat template, at most {s['max_new_tokens']} new tokens, batched "
         f"`generate` with left padding; greedy, and sampled at temperature 0.7 and 1.0) to {s['shards']} shards x "
         f"{s['per_shard']} prompts from the trainer's offline prompt source (`specdec_core/train/prompts.py`: topic lists x "
-        "instruction templates for conversation, writing, QA, translation and math word problems, plus summarization, "
+        "instruction templates for conversation and role play, writing, QA, short facts, coding, translation both ways "
+        "and math word problems, plus summarization, "
         "answer-from-this-passage and translation prompts over passages the target itself wrote). No Spec-Bench or "
         "project bench question is among them (a test checks it).",
         "",
