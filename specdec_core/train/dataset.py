@@ -5,9 +5,9 @@ shard (index 8, 18, ...: shards whose replies are greedy, see data.MODES; the la
 are fewer than nine) is held out for the acceptance measurement. Prompts of the next shard that were built on a held-out shard's passages
 are left out of training, so no held-out reply is ever in the training data. The prompt source
 repeats some topic x template pairs across shards; a held-out sequence whose prompt is also a
-training prompt is left out of the measurement (its greedy reply is one the head trained on: in
-the offline head's data, 35 of 192 held-out replies, where the head drafted 0.67 at the first
-position against 0.60 on the others).
+training prompt is left out of the measurement (its greedy reply is one the head trained on, and
+the head drafts it better than it would a new one: in an earlier head's data, 35 of 192 held-out
+replies).
 """
 
 from __future__ import annotations
