@@ -43,8 +43,9 @@ MAX_ROWS = DRAFT_LENGTH_BOUNDS[1] + 1  # the longest verify step: a token and it
 
 
 def row_exact_attention(module, query, key, value, attention_mask, **kwargs):
-    """transformers' attention signature: query [1, heads, rows, d], key and value
-    [1, kv_heads, cached + rows, d] -> ([1, rows, heads, d], None)."""
+    """transformers' attention signature: query [batch, heads, rows, d], key and value
+    [batch, kv_heads, cached + rows, d] -> ([batch, rows, heads, d], None). Row by row only for
+    batch 1 (the engine's steps)."""
     batch, _, rows, _ = query.shape
     if rows > MAX_ROWS or batch > 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)

@@ -74,9 +74,8 @@ class HybridDrafter(Drafter):
         lookup_s = time.perf_counter() - started
         if copied.tokens:  # only as far as pays at lookup's acceptance: a longer verify costs more
             copied = _first(copied, best_length(self.sources["lookup"], len(copied.tokens), self._costs)[0])
-        # The learned drafter's own best length, not the engine's k: that follows the pooled
-        # acceptance, lookup's streaks included, and a head right a third of the time pays (if
-        # at all) with one draft, not five.
+        # The learned drafter's own best length within the engine's cap k: a head right a third
+        # of the time pays (if at all) with one draft, not five.
         length, rate = best_length(self.sources[self.learned.name], k, self._costs)
         offers = [(self.sources["lookup"], len(copied.tokens)), (self.sources[self.learned.name], length)]
         if copied.tokens and best_source(offers, self._costs) == 0:
