@@ -289,12 +289,3 @@ def best_length(source: DraftSource, k_max: int, costs: StepCosts) -> tuple[int,
         return k_max, None
     best = max(rates, key=rates.get)
     return best, rates[best]
-
-
-def best_source(offers: list[tuple[DraftSource, int]], costs: StepCosts) -> int:
-    """Index of the offer (source, tokens it proposes) with the most expected tokens per second;
-    before the target is measured, the first offer with tokens."""
-    rates = [tokens_per_second(source, k, costs) if k else None for source, k in offers]
-    if all(rate is None for rate in rates):
-        return next((i for i, (_, k) in enumerate(offers) if k), 0)
-    return max(range(len(offers)), key=lambda i: -1.0 if rates[i] is None else rates[i])

@@ -2,10 +2,10 @@
 (an EAGLE head or a draft model) otherwise.
 
 Each round it asks prompt lookup first (it costs next to nothing). With no match the other
-drafter proposes. With a match, policy.best_source weighs the two by what they have shown so
-far: each one's acceptance and drafting time per token, and the target's measured verify cost
-for the length each would draft. Each source drafts its own best length. Both keep their state
-current either way: the learned drafter reads the target's features (or catches up on the
+drafter proposes. With a match, the two are weighed by what they have shown so far: each one's
+acceptance and drafting time per token, and the target's measured verify cost for the length
+each would draft (policy.best_length: a source's best length and its expected tokens per
+second). Each source drafts its own best length. Both keep their state current either way: the learned drafter reads the target's features (or catches up on the
 tokens) whichever source drafted.
 
 A learned drafter whose expected tokens per second, measured so far, don't beat a plain step
@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from ..policy import DraftSource, StepCosts, best_length, best_source
+from ..policy import DraftSource, StepCosts, best_length
 from ..sampling import SamplingParams
 from .base import NO_DRAFT, Draft, Drafter
 from .lookup import PromptLookupDrafter
@@ -72,14 +72,14 @@ class HybridDrafter(Drafter):
         started = time.perf_counter()
         copied = self.lookup.propose(context, k, params, generator)
         lookup_s = time.perf_counter() - started
-        if copied.tokens:  # only as far as pays at lookup's acceptance: a longer verify costs more
-            copied = _first(copied, best_length(self.sources["lookup"], len(copied.tokens), self._costs)[0])
         # The learned drafter's own best length within the engine's cap k: a head right a third
         # of the time pays (if at all) with one draft, not five.
         length, rate = best_length(self.sources[self.learned.name], k, self._costs)
-        offers = [(self.sources["lookup"], len(copied.tokens)), (self.sources[self.learned.name], length)]
-        if copied.tokens and best_source(offers, self._costs) == 0:
-            return self._from_lookup(copied, lookup_s)
+        if copied.tokens:  # only as far as pays at lookup's acceptance: a longer verify costs more
+            copied_length, copied_rate = best_length(self.sources["lookup"], len(copied.tokens), self._costs)
+            copied = _first(copied, copied_length)
+            if rate is None or copied_rate >= rate:  # unmeasured (both are, or neither), or it pays more
+                return self._from_lookup(copied, lookup_s)
         if not self._learned_may_draft(rate):
             return self._from_lookup(copied, lookup_s) if copied.tokens else self._nothing()
         if self.learned.lag(context):  # what it missed while sitting out; not drafting time
