@@ -125,6 +125,29 @@ def test_resuming_with_other_settings_says_so(tmp_path, tiny_config, data_work):
         train(_settings(tiny_config, tmp_path / "c" / "head", data_work, lr=0.5))
 
 
+def test_bf16_data_is_written_by_the_targets_own_weights_in_bf16_and_trains_a_head(tmp_path, tiny_config):
+    from specdec_core.presets.loading import load_preset
+    from specdec_core.train.trainer import data_model
+
+    settings = TrainSettings("tiny-train", str(tmp_path / "head"), config=str(tiny_config), data_dtype="bfloat16", **QUICK)
+    target = load_preset("tiny-train", str(tiny_config), load_draft=False).target
+    writer = data_model(settings, target)
+    assert writer is not target and writer.dtype == torch.bfloat16
+    layer = writer.model.layers[0].self_attn.q_proj
+    assert type(layer) is torch.nn.Linear  # stock layers, not the decoding path's packed ones
+    reference = load_preset("tiny-train", str(tiny_config), load_draft=False, cpu_weights="fp32")
+    plain = reference.target.get_input_embeddings().weight
+    assert torch.equal(writer.get_input_embeddings().weight, plain.to(torch.bfloat16))
+    assert data_model(TrainSettings("tiny-train", "x", config=str(tiny_config)), target) is target
+
+    summary = train(settings)
+    assert summary["settings"]["data_dtype"] == "bfloat16"
+    assert summary["heldout_acceptance"]["chains"] > 0
+    features = torch.load(Path(settings.work_dir) / "data" / "shard-00000.pt")
+    assert features[0]["aux"].dtype == torch.float16 and features[0]["aux"].shape[-1] == 3 * 64
+    assert "weights in bf16" in (tmp_path / "head" / "README.md").read_text()
+
+
 def test_an_out_folder_holding_something_else_is_refused_in_one_line(tmp_path, tiny_config, capsys):
     out = tmp_path / "busy"
     out.mkdir()

@@ -65,19 +65,22 @@ def complete_shards(data_dir: Path, count: int) -> list[Path]:
 
 
 def generate_data(
-    model,
+    model_factory: Callable[[], object],
     tokenizer,
     data_dir: Path,
     settings: DataSettings,
     layer_ids: tuple[int, ...],
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Path]:
-    """Write shards 0..settings.shards-1 that are not on disk yet; return all their paths."""
+    """Write shards 0..settings.shards-1 that are not on disk yet; return all their paths.
+    `model_factory()` gives the model that writes them, called only when a shard is missing."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
+    model = None
     for index in range(settings.shards):
         path = shard_path(data_dir, index)
         if not path.exists():
+            model = model if model is not None else model_factory()
             previous = read_shard(shard_path(data_dir, index - 1)) if index else []
             prompts = _shard_prompts(index, previous, tokenizer, settings)
             rows, features = _generate_shard(model, tokenizer, prompts, index, settings, layer_ids)

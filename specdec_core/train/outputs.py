@@ -7,6 +7,10 @@ import json
 from pathlib import Path
 
 OURS = {"config.json", "model.safetensors", "training.json", "README.md", "train_work"}
+DATA_WRITERS = {  # --data-dtype: what wrote the replies and features
+    "target": "the target itself, as it decodes",
+    "bfloat16": "the target's weights in bf16 on stock layers (`--data-dtype bfloat16`, for speed; see `trainer.data_model`)",
+}
 MARKERS = {"training.json", "train_work"}  # what only this trainer writes there
 
 
@@ -53,6 +57,7 @@ def readme(summary: dict) -> str:
         "answer-from-this-passage and translation prompts over passages the target itself wrote). No Spec-Bench or "
         "project bench question is among them (a test checks it).",
         "",
+        f"- written by: {DATA_WRITERS[s.get('data_dtype', 'target')]}",
         f"- training: {data['train_sequences']} sequences, {data['train_reply_tokens']:,} reply tokens "
         f"({data['train_tokens']:,} with prompts); families {', '.join(f'{k} {v}' for k, v in data['families'].items())}",
         f"- held out: every tenth shard (greedy replies), {data['heldout_sequences']} sequences; acceptance is measured on its "

@@ -21,13 +21,14 @@ import torch
 from tqdm.auto import tqdm
 
 from ..drafters.eagle_head import Eagle3Head, default_layer_ids
-from ..presets.loading import load_preset
+from ..presets.loading import load_plain_target, load_preset
 from .data import DataSettings, generate_data
 from .dataset import Sequence, coverage, draft_vocabulary, load_sequences, make_batch
 from .outputs import check_out, write_outputs
 from .ttt import Acceptance, measure_acceptance, ttt_loss
 
 CHECKPOINT = "checkpoint.pt"
+DATA_DTYPES = {"bfloat16": torch.bfloat16}  # besides "target"
 SAVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 EVAL_FRACTIONS = (0.25, 0.5)  # of the first epoch, besides every epoch's end: the learning curve
 
@@ -43,6 +44,9 @@ class TrainSettings:
     per_shard: int = 32
     gen_batch: int = 32
     max_new_tokens: int = 192
+    # What writes the data: "target" (the target as it decodes) or "bfloat16" (its weights in bf16
+    # on stock layers, see data_model: faster on CPUs with bf16 matrix units).
+    data_dtype: str = "target"
     draft_vocab: int = 8192
     ttt_steps: int = 3  # unrolled draft steps in training
     epochs: int = 3
@@ -98,7 +102,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     work = settings.work_dir
     data_dir = work / "data"
     with tqdm(total=settings.shards, desc="data shards", unit="shard") as bar:
-        generate_data(target, tokenizer, data_dir, settings.data_settings, layer_ids,
+        generate_data(lambda: data_model(settings, target), tokenizer, data_dir, settings.data_settings, layer_ids,
                       progress=lambda done, total: bar.update(done - bar.n))
     data_seconds = time.monotonic() - started
     train_set, heldout = load_sequences(data_dir, settings.data_settings, tokenizer)
@@ -170,6 +174,18 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     }
     write_outputs(out, summary)
     return summary
+
+
+def data_model(settings: TrainSettings, target):
+    """The model that writes the data's replies and features. "bfloat16": the target's own weights
+    in bf16 on stock layers, so batched generation runs on bf16 matrix units. For a 4-bit GGUF
+    target those are its dequantised weights rounded to bf16: measured on SmolLM2-135M, its
+    features differ from the 4-bit target's by 0.5-1% (relative norm at the inputs of layers 2,
+    15 and 27) and its greedy replies to 12 prompts agreed with the target's for the first 6 to
+    96 tokens (all 96 on 3, median 42.5)."""
+    if settings.data_dtype == "target":
+        return target
+    return load_plain_target(settings.preset, settings.config, dtype=DATA_DTYPES[settings.data_dtype])
 
 
 def _new_head(target, text_config, vocabulary: list[int], layer_ids, seed: int) -> Eagle3Head:
