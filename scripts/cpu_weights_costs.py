@@ -7,7 +7,9 @@ and a prefill of the longest context from an empty cache (reading a prompt), alt
 
 Variants: fp32 (dequantised, prepacked: what `cpu_weights: fp32` loads), gguf (every Q4_1 layer
 and the Q8_0 head on the int4 kernel: what `cpu_weights: gguf` loads), gguf-fp32-head (the
-layers on int4, the head prepacked fp32), and with --with-draft the preset's nf4 draft. For each context length the cache is filled once
+layers on int4, the head prepacked fp32), with --with-draft the preset's nf4 draft, and with
+--with-bf16 the weights in bf16 on stock layers with row-exact attention (the trainer's
+`--data-dtype bfloat16` model, on AMX where the CPU has it). For each context length the cache is filled once
 per variant; then every repetition times one forward of each size for each variant, in
 rotating order, cropping back after each. Prints the median ms per (variant, context, size)
 and the load average before and after (the machine may be shared).
@@ -29,12 +31,13 @@ import torch  # noqa: E402
 from specdec_core.bench.machine import load_average, weight_bytes_read_per_step  # noqa: E402
 from specdec_core.int4_linear import use_gguf_weights  # noqa: E402
 from specdec_core.packed_linear import pack_linear_layers  # noqa: E402
-from specdec_core.presets.loading import load_preset  # noqa: E402
+from specdec_core.presets.loading import load_plain_target, load_preset  # noqa: E402
 from specdec_core.presets.sources import OFFLINE_PRESET, bundled_gguf  # noqa: E402
+from specdec_core.row_attention import use_row_exact_attention  # noqa: E402
 from specdec_core.runner import CachedModel  # noqa: E402
 
 
-def variants(with_draft: bool = False) -> dict[str, torch.nn.Module]:
+def variants(with_draft: bool = False, with_bf16: bool = False) -> dict[str, torch.nn.Module]:
     fp32 = load_preset(OFFLINE_PRESET, load_draft=False, load_eagle=False, cpu_weights="fp32")
     gguf = load_preset(OFFLINE_PRESET, load_draft=with_draft, load_eagle=False, cpu_weights="gguf")
     from transformers import AutoModelForCausalLM
@@ -50,6 +53,9 @@ def variants(with_draft: bool = False) -> dict[str, torch.nn.Module]:
     found = {"fp32": fp32.target, "gguf": gguf.target, "gguf-fp32-head": mixed}
     if with_draft:  # the preset's nf4 draft (bitsandbytes), to compare with the 4-bit target
         found["nf4-draft"] = gguf.draft
+    if with_bf16:
+        found["bf16"] = load_plain_target(OFFLINE_PRESET).eval()
+        use_row_exact_attention(found["bf16"])
     return found
 
 
@@ -60,13 +66,14 @@ def main() -> int:
     parser.add_argument("--sizes", default="1,5,9")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--with-draft", action="store_true", help="also time the preset's nf4 draft model")
+    parser.add_argument("--with-bf16", action="store_true", help="also time the weights in bf16 on stock layers")
     parser.add_argument("--out", help="also write the result as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result: dict = {"threads": args.threads, "repeats": args.repeats, "ms": {}}
     contexts = [int(c) for c in args.contexts.split(",")]
     sizes = [int(s) for s in args.sizes.split(",")]
-    models = variants(args.with_draft)
+    models = variants(args.with_draft, args.with_bf16)
     result["weight_bytes_per_step"] = {name: weight_bytes_read_per_step(model) for name, model in models.items()}
     for name, size in result["weight_bytes_per_step"].items():
         print(f"{name:15s} reads {size / 1e6:.0f} MB of weights per step", flush=True)
