@@ -5,8 +5,9 @@ Each round it asks prompt lookup first (it costs next to nothing). With no match
 drafter proposes. With a match, the two are weighed by what they have shown so far: each one's
 acceptance and drafting time per token, and the target's measured verify cost for the length
 each would draft (policy.best_length: a source's best length and its expected tokens per
-second). Each source drafts its own best length. Both keep their state current either way: the learned drafter reads the target's features (or catches up on the
-tokens) whichever source drafted.
+second). Each source drafts its own best length. Both keep their state current either way: the
+learned drafter reads the target's features (or catches up on the tokens) whichever source
+drafted.
 
 A learned drafter whose expected tokens per second, measured so far, don't beat a plain step
 sits out (the round decodes plainly, or drafts from lookup), except for one probe every
