@@ -218,6 +218,26 @@ def test_random_output_text_adds_up(target, smol_tokenizer, prompt_ids):
     assert result.text == smol_tokenizer.decode(result.token_ids, skip_special_tokens=True)
 
 
+def test_a_plain_round_keeps_what_the_draft_read(target, smol_tokenizer):
+    """The engine tells the drafter after every round how many drafts were kept, plain rounds
+    too (0 of none). That must not crop what the draft read: before this, a plain first round
+    cropped the draft's kept conversation to nothing, and each new setting or chat turn whose
+    first round was plain had the draft read it all again (2,500 tokens of the real preset's
+    nf4 draft: 4.7 s)."""
+    prompt = list(range(100, 400))
+    drafter = ModelDrafter(perturbed_copy(target, noise=0.1, seed=3))
+    drafter.bind(target, smol_tokenizer)
+    drafter.reset(prompt)
+    drafter.catch_up(prompt)
+    drafter.accepted(0)  # a plain round, before any proposal
+    assert drafter._runner.length == 298 and drafter.lag(prompt) == 0
+    drafter.propose(prompt, 3, SamplingParams(), torch.Generator())  # feeds two drafts
+    drafter.accepted(1)
+    assert drafter._runner.length == len(prompt) + 1
+    drafter.accepted(0)  # the next round is plain: nothing of the proposal is left to crop
+    assert drafter._runner.length == len(prompt) + 1
+
+
 @contextmanager
 def tokens_read(model):
     """The input tokens of every forward of `model` inside the block (filled when it ends)."""

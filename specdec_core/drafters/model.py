@@ -40,8 +40,8 @@ class ModelDrafter(Drafter):
         self._runner: CachedModel | None = None
         self._target_vocab = 0
         self._target_device = None
-        self._proposed_from = 0  # context length at the last proposal
-        self._fed_drafts = 0  # draft tokens of the last proposal that went into the cache
+        # (context length, draft tokens fed into the cache) of a proposal not yet verified
+        self._pending: tuple[int, int] | None = None
 
     def bind(self, target_model, tokenizer) -> None:
         if self.tokenizer is not None and self.tokenizer.get_vocab() != tokenizer.get_vocab():
@@ -54,7 +54,7 @@ class ModelDrafter(Drafter):
 
     def reset(self, prompt_ids: list[int]) -> None:
         self._runner = self._kept.start(prompt_ids)  # what it lacks is read as catch-up
-        self._proposed_from = self._fed_drafts = 0
+        self._pending = None
 
     def lag(self, context: list[int]) -> int:
         # A round reads the context's last two tokens itself (the last accepted draft, never
@@ -81,12 +81,23 @@ class ModelDrafter(Drafter):
                 dists.append(dist)
             if i + 1 < k:  # the last draft token is never fed: nothing needs its logits
                 logits = runner.forward([token], last_only=True)[-1]
-        self._proposed_from, self._fed_drafts = len(context), max(len(tokens) - 1, 0)
-        runner.crop(len(context) + self._fed_drafts)  # an early stop fed one token too many
+        fed = max(len(tokens) - 1, 0)
+        self._pending = (len(context), fed)
+        runner.crop(len(context) + fed)  # an early stop fed one token too many
         return Draft(tokens, torch.stack(dists) if dists else None)
 
     def accepted(self, n: int) -> None:
-        self._runner.crop(self._proposed_from + min(n, self._fed_drafts))
+        # The engine says this after every round, plain ones too: only a proposal's own drafts
+        # are cropped (before the first one, a crop would throw away the kept conversation).
+        if self._pending is not None:
+            proposed_from, fed = self._pending
+            self._runner.crop(proposed_from + min(n, fed))
+            self._pending = None
+
+    def unverified(self) -> None:
+        if self._pending is not None:
+            self._runner.crop(self._pending[0])
+            self._pending = None
 
     def release(self, context: list[int] | None) -> None:
         if context is None:
