@@ -67,6 +67,24 @@ def test_acceptance_probability_ignores_tokens_after_a_rejection():
     assert counts.drafted_by_position == [2, 2, 2, 1] and counts.accepted_by_position == [2, 2, 1, 0]
 
 
+def test_theory_check_prices_our_drafting_by_the_time_the_engine_measured():
+    """c of our methods is the drafting time timed during the runs (whatever the drafter: the
+    EAGLE head's steps are no prompt-lookup search); methods that don't time it use the probes."""
+    from specdec_core.bench.theory_check import theory_check
+
+    costs = ProbedCosts(context_tokens=10, target_step_s=0.040, verify_s={1: 0.044, 2: 0.048},
+                        draft_step_s=0.010, lookup_s=0.0001)
+    ours = RoundCounts()
+    ours.add(Run("ours-eagle", [0] * 5, 1.0, [(2, 1), (2, 2)], draft_s=0.016))
+    assert theory_check(ours, costs, False, 1.0)["c"] == pytest.approx(0.016 / 4 / 0.040)
+    probed = RoundCounts()
+    probed.add(Run("hf-lookup", [0] * 5, 1.0, [(2, 1), (2, 2)]))
+    assert theory_check(probed, costs, False, 1.0)["c"] == pytest.approx(0.0001 / 0.040 / 2)
+    assert theory_check(probed, costs, True, 1.0)["c"] == pytest.approx(0.010 / 0.040)
+    ours.add(Run("hf-lookup", [0] * 5, 1.0, [(2, 1)]))  # one run without a measurement: probes
+    assert theory_check(ours, costs, False, 1.0)["c"] == pytest.approx(0.0001 / 0.040 / 2)
+
+
 def test_verify_ratio_interpolates_between_probed_lengths():
     costs = ProbedCosts(context_tokens=10, target_step_s=0.040, verify_s={1: 0.044, 3: 0.052},
                       draft_step_s=0.01, lookup_s=0.0)
@@ -235,7 +253,7 @@ def test_small_run_greedy_outputs_equal_the_baseline(tiny_run):
 def test_small_run_has_a_theory_check_per_speculative_method(tiny_run):
     _, out = tiny_run
     report = json.loads((out / "results.json").read_text())
-    for method in ("ours-model", "ours-lookup", "hf-assisted", "hf-lookup"):
+    for method in ("ours-model", "ours-lookup", "ours-eagle", "ours-hybrid", "hf-assisted", "hf-lookup"):
         for category in ("translation", "rag"):
             t = report["theory"][method][category]
             assert t["predicted_speedup"] > 0 and t["efficiency"] > 0

@@ -58,6 +58,9 @@ class Run:
     token_ids: list[int]
     wall_s: float
     rounds: list[tuple[int, int]]  # (drafted, accepted) per decoding forward of the target
+    # Seconds our engine spent drafting (proposals and the drafter's catch-up); None for methods
+    # that don't say (Hugging Face's, llama.cpp), whose drafting cost the theory check probes.
+    draft_s: float | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -77,8 +80,14 @@ class RoundCounts:
     rejections: int = 0  # drafting rounds that stopped at a rejected token
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
+    draft_s: float = 0.0  # drafting seconds our engine measured
+    draft_measured: bool = True  # False once a run without them was added
 
     def add(self, run: Run) -> None:
+        if run.draft_s is None:
+            self.draft_measured = False
+        else:
+            self.draft_s += run.draft_s
         self.new_tokens += run.new_tokens
         self.wall_s += run.wall_s
         for drafted, accepted in run.rounds:
@@ -253,7 +262,8 @@ def timed_run(method, prompt_ids: list[int], params: SamplingParams) -> Run:
         start = time.perf_counter()
         token_ids = method.generate(prompt_ids, params)
         wall_s = time.perf_counter() - start
-        return Run(method.name, token_ids, wall_s, list(method.engine.stats.rounds))
+        stats = method.engine.stats
+        return Run(method.name, token_ids, wall_s, list(stats.rounds), draft_s=stats.draft_s)
     with trace_forwards(method.target) as calls:
         start = time.perf_counter()
         token_ids = method.generate(prompt_ids, params)

@@ -241,8 +241,8 @@ def markdown(report: dict) -> str:
             "## Theory check (Leviathan et al.): predicted vs measured speedup over the method's own baseline",
             "",
             "a: acceptance probability per drafted token; g: mean draft length of drafting rounds; "
-            "c: draft cost per drafted token / target 1-token step; v: verify step / 1-token step; "
-            "share: rounds that drafted.",
+            "c: draft cost per drafted token (ours: timed during the runs) / target 1-token step; "
+            "v: verify step / 1-token step; share: rounds that drafted.",
             "",
             "| method | category | a | g | c | v | share | predicted | measured | efficiency |",
             "|---|---|---|---|---|---|---|---|---|---|",

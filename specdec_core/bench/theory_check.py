@@ -2,7 +2,9 @@
 
 Costs are measured with small timing probes through specdec_core.runner.CachedModel on one
 prompt of each category: a target 1-token step, a target verify step over 1 + k tokens for
-each draft length k used, a draft-model 1-token step and a prompt-lookup search. The
+each draft length k used, a draft-model 1-token step and a prompt-lookup search. Our engine's
+drafting cost is its own, timed during the runs (Stats.draft_s): that prices every drafter,
+the EAGLE head and the hybrid included, as it ran. The
 efficiency of a method is its measured speedup over its own plain decoding divided by the
 predicted one; what is missing to 1.0 is overhead the formula does not know about.
 """
@@ -103,14 +105,18 @@ def theory_check(
 ) -> dict:
     """Leviathan's prediction for one method on one category, and the efficiency it implies.
 
-    c is per drafted token: the draft model's step cost ratio, or for prompt lookup the
-    search's cost per round spread over the round's mean draft length.
+    c is per drafted token, over the probed target step: for our engine the drafting time it
+    measured during the runs (any drafter: the EAGLE head's steps, lookup's searches, the draft
+    model's steps and catch-up), for other methods the probes (the draft model's step, or the
+    lookup search spread over the round's mean draft length).
     """
     drafting_rounds = counts.rounds - counts.plain_rounds
     a = acceptance_probability(counts)
     g = counts.drafted / drafting_rounds if drafting_rounds else 0.0
     share = drafting_rounds / counts.rounds if counts.rounds else 0.0
-    if uses_draft_model and costs.draft_step_s is not None:
+    if counts.draft_measured and counts.drafted:
+        c = counts.draft_s / counts.drafted / costs.target_step_s
+    elif uses_draft_model and costs.draft_step_s is not None:
         c = costs.draft_step_s / costs.target_step_s
     else:
         c = costs.lookup_s / costs.target_step_s / g if g else 0.0
