@@ -62,7 +62,11 @@ def run_presets(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    # Imported here so `presets` and `--help` answer without loading torch.
+    # A bad models.yaml or preset name is told before torch loads (seconds).
+    config = load_config(args.config)
+    if args.preset != AUTO:
+        config.find(args.preset)
+    # Imported here so `presets`, `--help` and those errors answer without loading torch.
     from .chat import chat_prompt_ids
     from .presets.loading import load_preset
     from .sampling import SamplingParams

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from ..errors import LoadError
 from ..policy import DRAFT_LENGTH_BOUNDS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "models.yaml"  # the repo top
@@ -93,6 +94,12 @@ class PresetFile:
     path: Path
     presets: dict[str, Preset]
     auto_fallback: str  # the preset `auto` picks when no GPU preset can run
+
+    def find(self, name: str) -> Preset:
+        """The preset called `name`; LoadError (one line, listing the names) if there is none."""
+        if name not in self.presets:
+            raise LoadError(f"unknown preset '{name}'; available: {', '.join([AUTO, *self.presets])}")
+        return self.presets[name]
 
 
 # key -> (accepted types, default; _REQUIRED when the key must be present)

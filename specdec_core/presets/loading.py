@@ -273,7 +273,7 @@ def load_preset(
     notes: list[str] = []
     if name == AUTO:
         name, notes = choose_auto_preset(config)
-    preset = _find_preset(config, name)
+    preset = config.find(name)
     cuda = torch.cuda.is_available()
     notes += _preset_notes(preset, cuda)
 
@@ -342,7 +342,7 @@ def load_plain_target(name: str = AUTO, config_path=None, dtype: torch.dtype = t
     config = load_config(config_path)
     if name == AUTO:
         name, _ = choose_auto_preset(config)
-    preset = _find_preset(config, name)
+    preset = config.find(name)
     source, _ = _source_and_tokenizer(preset.target, preset)
     model, _ = _load_model(preset, "target", source, dtype, None, torch.cuda.is_available())
     return model
@@ -530,13 +530,6 @@ def free_cuda_bytes() -> int:
     if not torch.cuda.is_available():
         return 0
     return sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
-
-
-def _find_preset(config: PresetFile, name: str) -> Preset:
-    if name not in config.presets:
-        available = ", ".join([AUTO, *config.presets])
-        raise LoadError(f"unknown preset '{name}'; available: {available}")
-    return config.presets[name]
 
 
 # ---------------------------------------------------------------- loading
