@@ -38,7 +38,7 @@ builds), `kernel_problem()` says why in one line and nothing is swapped: the fp3
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -243,11 +243,11 @@ def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
 def _gguf_tensors_by_parameter(model: nn.Module, path: Path) -> dict[str, tuple[str, np.ndarray]]:
     """model parameter name -> (GGUF type name, raw rows uint8 [N, bytes per row]) with the
     row permutation transformers applies when it dequantises (found by passing it row numbers)."""
-    from gguf import MODEL_ARCH_NAMES, GGUFReader, get_tensor_name_map
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    reader = GGUFReader(str(path))
-    architecture = _field_text(reader, "general.architecture")
+    stat = path.stat()
+    architecture, file_tensors = _gguf_file(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     config = model.config
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(
         config={"num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads}
@@ -265,17 +265,29 @@ def _gguf_tensors_by_parameter(model: nn.Module, path: Path) -> dict[str, tuple[
         if gguf_name is not None:
             to_parameter[f"{gguf_name}.{suffix}"] = parameter
     found = {}
-    for tensor in reader.tensors:
-        parameter = to_parameter.get(tensor.name)
-        raw = np.asarray(tensor.data)
+    for name, type_name, raw in file_tensors:
+        parameter = to_parameter.get(name)
         if parameter is None or raw.ndim != 2:
             continue
-        order = processor.process(weights=np.arange(raw.shape[0]).reshape(-1, 1), name=tensor.name).weights
-        found[parameter] = (tensor.tensor_type.name, raw[order.reshape(-1)])
+        order = processor.process(weights=np.arange(raw.shape[0]).reshape(-1, 1), name=name).weights
+        found[parameter] = (type_name, raw[order.reshape(-1)])
     tied = _tied_head_name(model)
     if tied is not None and tied[0] not in found and tied[1] in found:
         found[tied[0]] = found[tied[1]]
     return found
+
+
+@lru_cache(maxsize=4)
+def _gguf_file(path: str, size: int, mtime_ns: int) -> tuple[str, list[tuple[str, str, np.ndarray]]]:
+    """(architecture, [(tensor name, GGUF type name, raw data memory-mapped)]) of one version of a
+    GGUF file (size and mtime tell versions apart). Kept per process: gguf's reader parses every
+    metadata field, the tokenizer's 49,152 tokens and merges included (3.3 s for SmolLM2-135M on
+    a 2-core CPU), and the app loads a preset again whenever the user switches back to it."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    tensors = [(tensor.name, tensor.tensor_type.name, np.asarray(tensor.data)) for tensor in reader.tensors]
+    return _field_text(reader, "general.architecture"), tensors
 
 
 def _tied_head_name(model: nn.Module) -> tuple[str, str] | None:

@@ -104,6 +104,29 @@ def test_the_real_model_runs_on_its_own_blocks_and_keeps_its_greedy_text(smollm2
     assert four_bit.get_memory_footprint() < 0.5 * model.get_memory_footprint()
 
 
+def test_a_gguf_file_is_parsed_once_per_process_and_a_new_version_again(smollm2, tmp_path):
+    """gguf's reader parses every metadata field (seconds for the tokenizer's); a second swap
+    from the same file version reuses the first parse, gives the same blocks, and a file that
+    changed is read again."""
+    import os
+    import shutil
+
+    from specdec_core.presets.sources import bundled_gguf
+
+    model, _ = smollm2
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(bundled_gguf("smollm2-135m-instruct"), path)
+    first = int4_linear._gguf_tensors_by_parameter(model, path)
+    misses = int4_linear._gguf_file.cache_info().misses
+    again = int4_linear._gguf_tensors_by_parameter(model, path)
+    assert int4_linear._gguf_file.cache_info().misses == misses  # not parsed again
+    assert first.keys() == again.keys() and all(
+        first[name][0] == again[name][0] and np.array_equal(first[name][1], again[name][1]) for name in first)
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000_000))  # a new version
+    int4_linear._gguf_tensors_by_parameter(model, path)
+    assert int4_linear._gguf_file.cache_info().misses == misses + 1
+
+
 def test_a_layer_whose_blocks_dont_match_the_loaded_weights_stays_fp32(smollm2):
     _kernel_available()
     import copy
