@@ -179,7 +179,8 @@ class SpeculativeEngine:
         verified = time.perf_counter()
         call.target.crop(len(context) + n)  # roll back: forget the rejected drafts
         self._observe(len(context) - 1, n + 1)  # the target features that stand, to a drafter that reads them
-        self.drafter.accepted(n)
+        if draft.tokens:  # a plain round verified no draft: nothing to tell the drafter
+            self.drafter.accepted(n)
         if k == 0 and policy.drafting_is_free():  # keep learning from the drafter at no cost
             unverified = self.drafter.propose(context, 1, call.params, call.generator).tokens
             self.drafter.unverified()

@@ -219,11 +219,10 @@ def test_random_output_text_adds_up(target, smol_tokenizer, prompt_ids):
 
 
 def test_a_plain_round_keeps_what_the_draft_read(target, smol_tokenizer):
-    """The engine tells the drafter after every round how many drafts were kept, plain rounds
-    too (0 of none). That must not crop what the draft read: before this, a plain first round
-    cropped the draft's kept conversation to nothing, and each new setting or chat turn whose
-    first round was plain had the draft read it all again (2,500 tokens of the real preset's
-    nf4 draft: 4.7 s)."""
+    """Telling the draft how many drafts were kept when none is pending (the engine did so after
+    plain rounds) must not crop what it read: it once cropped the draft's kept conversation to
+    nothing, and each new setting or chat turn whose first round was plain had the draft read it
+    all again (2,500 tokens of the real preset's nf4 draft: 4.7 s)."""
     prompt = list(range(100, 400))
     drafter = ModelDrafter(perturbed_copy(target, noise=0.1, seed=3))
     drafter.bind(target, smol_tokenizer)

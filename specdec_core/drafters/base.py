@@ -87,7 +87,7 @@ class Drafter:
         return NO_DRAFT
 
     def accepted(self, n: int) -> None:
-        """The target accepted the first n tokens of the last draft."""
+        """The target accepted the first n tokens of the last draft (told only of a draft that had tokens)."""
 
     def unverified(self) -> None:
         """The last proposal was only compared with the target's token, never verified (a free

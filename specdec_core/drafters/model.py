@@ -87,8 +87,8 @@ class ModelDrafter(Drafter):
         return Draft(tokens, torch.stack(dists) if dists else None)
 
     def accepted(self, n: int) -> None:
-        # The engine says this after every round, plain ones too: only a proposal's own drafts
-        # are cropped (before the first one, a crop would throw away the kept conversation).
+        # Only a pending proposal's own drafts are cropped, once: a call with none pending
+        # (before the first proposal) must not throw away the kept conversation.
         if self._pending is not None:
             proposed_from, fed = self._pending
             self._runner.crop(proposed_from + min(n, fed))
