@@ -1,7 +1,7 @@
 """Is the EAGLE head's acceptance in the engine what the trainer measures, and how far does it
 carry from the trainer's prompts to the bench's questions?
 
-    python scripts/eagle_live_acceptance.py --threads 2 --limit 5 --trainer-prompts 20
+    python scripts/eagle_live_acceptance.py --threads 2 --limit 5 --trainer-prompts 20 [--head FOLDER]
 
 For each prompt (the Spec-Bench questions, `--limit` per family, and `--trainer-prompts` fresh
 prompts from the trainer's own source, drawn with a seed no data shard uses) the offline
@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 from specdec_core.bench.questions import load_questions  # noqa: E402
 from specdec_core.chat import chat_prompt_ids  # noqa: E402
+from specdec_core.drafters import Eagle3Head, EagleDrafter  # noqa: E402
 from specdec_core.presets.loading import load_preset  # noqa: E402
 from specdec_core.presets.sources import OFFLINE_PRESET  # noqa: E402
 from specdec_core.sampling import SamplingParams  # noqa: E402
@@ -44,11 +45,15 @@ def main() -> None:
     parser.add_argument("--trainer-prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--head", help="a head folder to measure instead of the preset's")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     models = load_preset(OFFLINE_PRESET, load_draft=False)
+    if args.head:
+        models.eagle_head = Eagle3Head.load(args.head, num_target_layers=models.target.config.num_hidden_layers)
+        EagleDrafter(models.eagle_head, source=args.head).bind(models.target, models.tokenizer)  # checks the fit
     engine = models.make_engine("eagle", draft_length=1, adaptive=False)
     prompt_sets = {
         "Spec-Bench": [(q.family, q.prompt) for q in load_questions(args.questions, limit=args.limit)],

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdec_core.drafters.eagle_head import Eagle3Head
+from specdec_core.presets.loading import load_preset
 from specdec_core.train.cli import main
 from specdec_core.train.trainer import CHECKPOINT, TrainSettings, train
 from tests.tiny_models import tiny_llama
@@ -126,10 +127,10 @@ def test_resuming_with_other_settings_says_so(tmp_path, tiny_config, data_work):
 
 
 def test_bf16_data_is_written_by_the_targets_own_weights_in_bf16_and_trains_a_head(tmp_path, tiny_config):
-    from specdec_core.presets.loading import load_preset
     from specdec_core.train.trainer import data_model
 
-    settings = TrainSettings("tiny-train", str(tmp_path / "head"), config=str(tiny_config), data_dtype="bfloat16", **QUICK)
+    settings = TrainSettings("tiny-train", str(tmp_path / "head"), config=str(tiny_config), data_dtype="bfloat16",
+                             train_dtype="bfloat16", **QUICK)
     target = load_preset("tiny-train", str(tiny_config), load_draft=False).target
     writer = data_model(settings, target)
     assert writer is not target and writer.dtype == torch.bfloat16
@@ -141,11 +142,41 @@ def test_bf16_data_is_written_by_the_targets_own_weights_in_bf16_and_trains_a_he
     assert data_model(TrainSettings("tiny-train", "x", config=str(tiny_config)), target) is target
 
     summary = train(settings)
-    assert summary["settings"]["data_dtype"] == "bfloat16"
+    assert summary["settings"]["data_dtype"] == summary["settings"]["train_dtype"] == "bfloat16"
     assert summary["heldout_acceptance"]["chains"] > 0
     features = torch.load(Path(settings.work_dir) / "data" / "shard-00000.pt")
     assert features[0]["aux"].dtype == torch.float16 and features[0]["aux"].shape[-1] == 3 * 64
-    assert "weights in bf16" in (tmp_path / "head" / "README.md").read_text()
+    readme = (tmp_path / "head" / "README.md").read_text()
+    assert "weights in bf16" in readme and "autocast to bf16" in readme and "written again by the target" in readme
+
+
+def test_with_cheaper_data_the_head_is_measured_on_replies_the_target_itself_wrote(tmp_path, tiny_config):
+    from specdec_core.train.data import read_shard
+    from specdec_core.train.features import sequence_features
+
+    settings = TrainSettings("tiny-train", str(tmp_path / "head"), config=str(tiny_config), data_dtype="bfloat16", **QUICK)
+    summary = train(settings)
+    work = Path(settings.work_dir)
+    written, rewritten = (read_shard(work / folder / "shard-00001.jsonl") for folder in ("data", "heldout_by_target"))
+    assert [row["prompt_ids"] for row in rewritten] == [row["prompt_ids"] for row in written]  # shard 1 is held out
+    assert summary["data"]["evaluated_sequences"] == sum(len(row["reply_ids"]) >= 3 for row in rewritten)
+    target = load_preset("tiny-train", str(tiny_config), load_draft=False).target
+    stored = torch.load(work / "heldout_by_target" / "shard-00001.pt")
+    row, feature = rewritten[0], stored[0]
+    aux, _ = sequence_features(target, (row["prompt_ids"] + row["reply_ids"])[:-1], Eagle3Head.load(tmp_path / "head").layer_ids)
+    assert torch.allclose(feature["aux"].float(), aux.float(), atol=2e-2, rtol=1e-2)  # the target's own features
+    bf16 = torch.load(work / "data" / "shard-00001.pt")[0]["aux"].float()
+    assert not torch.allclose(bf16[: len(aux)], aux.float(), atol=2e-3, rtol=0) or len(bf16) != len(aux)
+
+
+def test_a_run_stopped_by_max_minutes_and_started_again_writes_the_same_head(tmp_path, tiny_config, data_work):
+    settings = _settings(tiny_config, tmp_path / "head", data_work, max_minutes=0.0)
+    first = train(settings)
+    assert first["training"]["stopped_early"] and first["training"]["steps"] == 1
+    weights = load_file(tmp_path / "head" / "model.safetensors")
+    again = train(settings)
+    assert again["training"]["steps"] == 1
+    assert all(torch.equal(weights[name], tensor) for name, tensor in load_file(tmp_path / "head" / "model.safetensors").items())
 
 
 def test_an_out_folder_holding_something_else_is_refused_in_one_line(tmp_path, tiny_config, capsys):

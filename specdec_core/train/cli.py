@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from ..cli import inform, run_guarded
-from .trainer import DATA_DTYPES, SAVE_DTYPES, TrainSettings, train
+from .trainer import DATA_DTYPES, SAVE_DTYPES, TRAIN_DTYPES, TrainSettings, train
 
 
 def parser() -> argparse.ArgumentParser:
@@ -24,6 +24,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="reply length cap in the data")
     p.add_argument("--data-dtype", choices=["target", *sorted(DATA_DTYPES)], default=d.data_dtype,
                    help="what writes the data: the target as it decodes, or its weights in bf16 (faster on CPUs with AMX)")
+    p.add_argument("--train-dtype", choices=sorted(TRAIN_DTYPES), default=d.train_dtype,
+                   help="what the head's matmuls run in while training (bfloat16: autocast, faster on CPUs with AMX)")
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab)
     p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="unrolled draft steps in training")
     p.add_argument("--epochs", type=int, default=d.epochs)

@@ -71,26 +71,32 @@ def generate_data(
     settings: DataSettings,
     layer_ids: tuple[int, ...],
     progress: Callable[[int, int], None] | None = None,
+    indices: list[int] | None = None,
+    out_dir: Path | None = None,
 ) -> list[Path]:
-    """Write shards 0..settings.shards-1 that are not on disk yet; return all their paths.
-    `model_factory()` gives the model that writes them, called only when a shard is missing."""
+    """Write shards `indices` (default 0..settings.shards-1) that are not on disk yet; return their
+    paths. `model_factory()` gives the model that writes them, called only when a shard is missing.
+    With `out_dir`, shards of `data_dir` are written again there by another model: the same
+    prompts (those over passages read from data_dir's shard before), modes and seeds."""
     data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir) if out_dir is not None else data_dir
+    indices = list(range(settings.shards)) if indices is None else indices
+    out_dir.mkdir(parents=True, exist_ok=True)
     model = None
-    for index in range(settings.shards):
-        path = shard_path(data_dir, index)
+    for done, index in enumerate(indices, start=1):
+        path = shard_path(out_dir, index)
         if not path.exists():
             model = model if model is not None else model_factory()
             previous = read_shard(shard_path(data_dir, index - 1)) if index else []
             prompts = _shard_prompts(index, previous, tokenizer, settings)
             rows, features = _generate_shard(model, tokenizer, prompts, index, settings, layer_ids)
-            temporary = features_path(data_dir, index).with_suffix(".pt.tmp")
+            temporary = features_path(out_dir, index).with_suffix(".pt.tmp")
             torch.save(features, temporary)
-            os.replace(temporary, features_path(data_dir, index))
+            os.replace(temporary, features_path(out_dir, index))
             _write_atomically(path, rows)
         if progress:
-            progress(index + 1, settings.shards)
-    return [shard_path(data_dir, index) for index in range(settings.shards)]
+            progress(done, len(indices))
+    return [shard_path(out_dir, index) for index in indices]
 
 
 def _shard_prompts(index: int, previous: list[dict], tokenizer, settings: DataSettings) -> list[Prompt]:

@@ -46,23 +46,34 @@ def load_sequences(data_dir: Path, settings: DataSettings, tokenizer) -> tuple[l
     held = held_out_shards(settings.shards)
     train, heldout = [], []
     for index in range(settings.shards):
-        rows = read_shard(shard_path(data_dir, index))
-        features = torch.load(features_path(data_dir, index), weights_only=True)
         leaked = _prompts_on(held_rows=read_shard(shard_path(data_dir, index - 1)), index=index, tokenizer=tokenizer,
                              settings=settings) if index - 1 in held else set()
-        for row, feature in zip(rows, features, strict=True):
-            sequence = Sequence(
-                ids=torch.tensor(row["prompt_ids"] + row["reply_ids"]), aux=feature["aux"], final=feature["final"],
-                reply_start=len(row["prompt_ids"]), mode=row["mode"], family=row["family"],
-            )
-            if sequence.reply_tokens < 3:  # too short to hold a draft chain
-                continue
+        for sequence in shard_sequences(data_dir, index):
             if index in held:
                 heldout.append(sequence)
-            elif tuple(row["prompt_ids"]) not in leaked:
+            elif _prompt(sequence) not in leaked:
                 train.append(sequence)
     trained_prompts = {_prompt(sequence) for sequence in train}
     return train, [sequence for sequence in heldout if _prompt(sequence) not in trained_prompts]
+
+
+def shard_sequences(data_dir: Path, index: int) -> list[Sequence]:
+    """Shard `index`'s sequences that are long enough to hold a draft chain."""
+    rows = read_shard(shard_path(data_dir, index))
+    features = torch.load(features_path(data_dir, index), weights_only=True)
+    sequences = [
+        Sequence(ids=torch.tensor(row["prompt_ids"] + row["reply_ids"]), aux=feature["aux"], final=feature["final"],
+                 reply_start=len(row["prompt_ids"]), mode=row["mode"], family=row["family"])
+        for row, feature in zip(rows, features, strict=True)
+    ]
+    return [sequence for sequence in sequences if sequence.reply_tokens >= 3]
+
+
+def same_prompts(rewritten_dir: Path, indices, heldout: list[Sequence]) -> list[Sequence]:
+    """The sequences of shards `indices` of `rewritten_dir` (the held-out shards written again by
+    another model) whose prompts are those of `heldout` (so none is a training prompt)."""
+    kept = {_prompt(sequence) for sequence in heldout}
+    return [s for index in sorted(indices) for s in shard_sequences(rewritten_dir, index) if _prompt(s) in kept]
 
 
 def _prompt(sequence: Sequence) -> tuple[int, ...]:

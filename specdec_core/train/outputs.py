@@ -60,7 +60,9 @@ def readme(summary: dict) -> str:
         f"- written by: {DATA_WRITERS[s.get('data_dtype', 'target')]}",
         f"- training: {data['train_sequences']} sequences, {data['train_reply_tokens']:,} reply tokens "
         f"({data['train_tokens']:,} with prompts); families {', '.join(f'{k} {v}' for k, v in data['families'].items())}",
-        f"- held out: every tenth shard (greedy replies), {data['heldout_sequences']} sequences; acceptance is measured on its "
+        f"- held out: every tenth shard (greedy replies)"
+        + (", written again by the target itself with the same prompts" if s.get("data_dtype", "target") != "target" else "")
+        + f", {data['heldout_sequences']} sequences; acceptance is measured on its "
         f"{data['evaluated_sequences']} greedy replies",
         f"- draft vocabulary: the {data['draft_vocab_size']:,} tokens most frequent in the training replies; they cover "
         f"{data['draft_vocab_coverage_train']:.1%} of training reply tokens and {data['draft_vocab_coverage_heldout']:.1%} of held-out ones",
@@ -71,7 +73,10 @@ def readme(summary: dict) -> str:
         "",
         f"Training-time test over {s['ttt_steps']} unrolled draft steps (loss weights 0.8^i), soft cross-entropy against "
         f"the target's distribution restricted to the draft vocabulary; AdamW, lr {s['lr']} (warm-up, cosine), "
-        f"{s['batch']} sequences per step, seed {s['seed']}. {training['steps']} of {training['planned_steps']} planned steps "
+        f"{s['batch']} sequences per step, seed {s['seed']}"
+        + ("; the head's matmuls autocast to bf16 (`--train-dtype bfloat16`; weights, optimizer and loss in fp32). "
+           if s.get("train_dtype") == "bfloat16" else ". ")
+        + f"{training['steps']} of {training['planned_steps']} planned steps "
         f"({training['epochs']:.2f} epochs, {training['tokens']:,} trained positions) in {training['seconds'] / 60:.1f} "
         f"minutes on {training['threads']} thread(s)"
         + (" (stopped by --max-minutes)." if training["stopped_early"] else "."),
