@@ -118,9 +118,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
             generate_data(lambda: target, tokenizer, data_dir, settings.data_settings, layer_ids,
                           progress=lambda done, total: bar.update(done - bar.n), indices=held, out_dir=work / HELDOUT_BY_TARGET)
     data_seconds = time.monotonic() - started
-    train_set, heldout = load_sequences(data_dir, settings.data_settings, tokenizer)
-    if settings.data_dtype != "target":
-        heldout = same_prompts(work / HELDOUT_BY_TARGET, held_out_shards(settings.shards), heldout)
+    train_set, heldout = load_split(settings, tokenizer)
     if not train_set or not heldout:
         raise ValueError(f"{settings.shards} data shards leave no training or held-out sequences: use --shards 2 or more")
     vocabulary = draft_vocabulary(train_set, settings.draft_vocab, text_config.vocab_size)
@@ -134,7 +132,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     total_steps = per_epoch * settings.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(total_steps))
     progress = _resume(work, settings, head, optimizer, scheduler)
-    evaluation = _evaluation_set(heldout, lm_head)
+    evaluation = evaluation_set(heldout, lm_head)
     eval_steps = sorted({max(1, round(per_epoch * f)) for f in EVAL_FRACTIONS} | {per_epoch * e for e in range(1, settings.epochs + 1)})
 
     bar = tqdm(total=total_steps, initial=progress.step, desc="training", unit="step")
@@ -155,7 +153,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree1=f"{report.get(1, (0, 0))[1]:.3f}")
         if progress.step in eval_steps:
-            point = _acceptance(head, embedding, evaluation, settings).as_dict()
+            point = acceptance(head, embedding, evaluation, settings).as_dict()
             progress.history.append({"step": progress.step, "tokens": progress.tokens, "epoch": progress.step / per_epoch, **point})
             head.train()
             bar.write(f"step {progress.step}: held-out acceptance {point['by_position']}, mean accepted {point['mean_accepted']}")
@@ -170,7 +168,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     # The numbers are those of the folder as written (fp16 weights), read back as a user would.
     head.save(out, dtype=SAVE_DTYPES[settings.save_dtype])
     saved = Eagle3Head.load(out, num_target_layers=text_config.num_hidden_layers).float()
-    final = _acceptance(saved, embedding, evaluation, settings)
+    final = acceptance(saved, embedding, evaluation, settings)
     summary = {
         "preset": settings.preset,
         "command": settings.command,
@@ -247,7 +245,16 @@ def _batch_sequences(train_set: list[Sequence], settings: TrainSettings, step: i
     return [train_set[i] for i in batches[index]]
 
 
-def _evaluation_set(heldout: list[Sequence], lm_head: torch.Tensor) -> list[Sequence]:
+def load_split(settings: TrainSettings, tokenizer) -> tuple[list[Sequence], list[Sequence]]:
+    """(training sequences, held-out sequences) of the work folder's data; the held-out ones
+    written by the target itself (see HELDOUT_BY_TARGET)."""
+    train_set, heldout = load_sequences(settings.work_dir / "data", settings.data_settings, tokenizer)
+    if settings.data_dtype != "target":
+        heldout = same_prompts(settings.work_dir / HELDOUT_BY_TARGET, held_out_shards(settings.shards), heldout)
+    return train_set, heldout
+
+
+def evaluation_set(heldout: list[Sequence], lm_head: torch.Tensor) -> list[Sequence]:
     """Greedy held-out replies, each with the target's greedy token after every position: on a
     greedy reply that is the next token itself, which the target chose in the very forwards the
     features come from (chains only check reply positions). Sampled replies, with the greedy
@@ -258,7 +265,7 @@ def _evaluation_set(heldout: list[Sequence], lm_head: torch.Tensor) -> list[Sequ
     return chosen
 
 
-def _acceptance(head, embedding, sequences: list[Sequence], settings: TrainSettings) -> Acceptance:
+def acceptance(head, embedding, sequences: list[Sequence], settings: TrainSettings) -> Acceptance:
     head.eval()
     result = Acceptance(settings.k)
     for start in range(0, len(sequences), settings.batch):
