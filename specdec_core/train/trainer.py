@@ -74,6 +74,11 @@ class TrainSettings:
         return {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
 
     @property
+    def rewrites_heldout(self) -> bool:
+        """Whether the held-out shards are written again by the target (see HELDOUT_BY_TARGET)."""
+        return self.data_dtype != "target"
+
+    @property
     def work_dir(self) -> Path:
         return Path(self.work) if self.work else Path(self.out) / "train_work"
 
@@ -112,7 +117,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     with tqdm(total=settings.shards, desc="data shards", unit="shard") as bar:
         generate_data(lambda: data_model(settings, target), tokenizer, data_dir, settings.data_settings, layer_ids,
                       progress=lambda done, total: bar.update(done - bar.n))
-    if settings.data_dtype != "target":
+    if settings.rewrites_heldout:
         held = sorted(held_out_shards(settings.shards))
         with tqdm(total=len(held), desc="held-out shards by the target", unit="shard") as bar:
             generate_data(lambda: target, tokenizer, data_dir, settings.data_settings, layer_ids,
@@ -249,7 +254,7 @@ def load_split(settings: TrainSettings, tokenizer) -> tuple[list[Sequence], list
     """(training sequences, held-out sequences) of the work folder's data; the held-out ones
     written by the target itself (see HELDOUT_BY_TARGET)."""
     train_set, heldout = load_sequences(settings.work_dir / "data", settings.data_settings, tokenizer)
-    if settings.data_dtype != "target":
+    if settings.rewrites_heldout:
         heldout = same_prompts(settings.work_dir / HELDOUT_BY_TARGET, held_out_shards(settings.shards), heldout)
     return train_set, heldout
 
@@ -283,7 +288,6 @@ def _data_summary(train_set, heldout, evaluation, vocabulary, data_seconds: floa
         "train_reply_tokens": sum(s.reply_tokens for s in train_set),
         "train_tokens": sum(len(s.ids) for s in train_set),
         "heldout_sequences": len(heldout),
-        "heldout_written_by": "target",
         "evaluated_sequences": len(evaluation),
         "modes": sorted({s.mode for s in train_set}),
         "families": dict(sorted(families.items())),
