@@ -610,7 +610,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=256,
                         help="starting value of the slider, and the API's default max_tokens")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="compiled static-cache decoding, compiled while the models load (default: "
+                        help="compiled decoding steps, compiled while the models load (default: "
                              "the preset's `compile`; auto = on with CUDA, off on CPU)")
     args = parser.parse_args(argv)
     if args.auth is not None and ":" not in args.auth:

@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--draft-length", type=int, help="tokens per draft (default: the preset's)")
     generate.add_argument("--no-adaptive", action="store_true", help="keep the draft length fixed")
     generate.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                          help="compiled static-cache decoding, compiled at load (default: the preset's "
+                          help="compiled decoding steps, compiled at load (default: the preset's "
                                "`compile`, auto: on with CUDA, off on CPU)")
     generate.add_argument("--json", action="store_true", help='print {"text", "finish_reason", "token_ids", "sources", "stats"}')
     generate.set_defaults(run=run_generate)

@@ -52,13 +52,22 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         start = self.get_seq_length()
         end = start + key_states.shape[-2]
-        if end > self._key_room.shape[-2]:
-            self._key_room = _grown(self._key_room, start, end)
-            self._value_room = _grown(self._value_room, start, end)
+        self.reserve(key_states.shape[-2])
         self._key_room[..., start:end, :] = key_states
         self._value_room[..., start:end, :] = value_states
         self._view(end)
         return self.keys, self.values
+
+    def reserve(self, tokens: int) -> None:
+        """Room for `tokens` more tokens (a compiled step must not grow the cache itself)."""
+        if not self.is_initialized:
+            return
+        filled = self.get_seq_length()
+        # Never filled to the last slot: a compiled step would treat a full room as a case of its own.
+        if filled + tokens >= self._key_room.shape[-2]:
+            self._key_room = _grown(self._key_room, filled, filled + tokens + 1)
+            self._value_room = _grown(self._value_room, filled, filled + tokens + 1)
+            self._view(filled)
 
     def get_seq_length(self) -> int:
         return self.keys.shape[-2] if self.is_initialized else 0

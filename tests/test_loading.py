@@ -121,6 +121,25 @@ def test_unload_frees_the_models(tiny_presets):
         models.make_engine()
 
 
+def test_compiling_on_cpu_compiles_the_targets_steps_and_a_failure_leaves_it_eager(monkeypatch, tiny_presets):
+    """compile: true on CPU builds the target's CompiledSteps (the draft stays eager); where
+    torch.compile fails, one note says why and every drafter still gives the baseline reply."""
+    from specdec_core.compiled_runner import CompiledSteps
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("torch.compile is not available on this machine")
+
+    monkeypatch.setattr(torch, "compile", unavailable)
+    models = load_preset("tiny", tiny_presets.config, compile=True)
+    assert isinstance(models.target_runner, CompiledSteps) and models.draft_runner is None
+    assert "draft: decoding eagerly (on CPU only the target's steps are compiled)" in models.notes
+    assert any(n.startswith("target: torch.compile failed, decoding eagerly (RuntimeError: torch.compile is not")
+               for n in models.notes)
+    assert models.decode_path == "eager dynamic cache"
+    baseline = greedy_ids(models, "none", PROMPTS[1])
+    assert greedy_ids(models, "prompt_lookup", PROMPTS[1]) == greedy_ids(models, "model", PROMPTS[1]) == baseline
+
+
 def test_trust_remote_code_only_when_the_preset_opts_in(monkeypatch, tiny_presets):
     from transformers import AutoModelForCausalLM
 

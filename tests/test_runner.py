@@ -21,7 +21,7 @@ def test_growing_cache_matches_dynamic_cache_exactly_through_crops_and_growth():
     model = tiny_llama(seed=4, init=0.2)
     ours, stock_cache = CachedModel(model), DynamicCache(config=model.config)
     generator = torch.Generator().manual_seed(0)
-    steps = [40, 1, 5, 9, 1, 3, 60, 2]  # 40 fills the first room exactly; 60 more makes it regrow
+    steps = [40, 1, 5, 9, 1, 3, 60, 2]  # 40 fills the first room but its spare slot; 60 more makes it regrow
     drop = [0, 0, 3, 6, 0, 2, 10, 1]  # rejected drafts: crop after the forward
     for new, rejected in zip(steps, drop):
         tokens = torch.randint(3, 1000, (new,), generator=generator).tolist()
@@ -30,8 +30,9 @@ def test_growing_cache_matches_dynamic_cache_exactly_through_crops_and_growth():
         stock_cache.crop(-rejected)
         assert ours.length == stock_cache.get_seq_length()
     assert all(isinstance(layer, GrowingLayer) for layer in ours.cache.layers)
-    # room: 40 (the first forward), doubled to 80 at the 41st token, 160 at the 108th
-    assert ours.cache.layers[0]._key_room.shape[-2] == 160 and ours.length == 99
+    # room: 41 (the first forward and one spare slot, never filled), doubled to 82 at the 41st
+    # token, 164 at the 108th
+    assert ours.cache.layers[0]._key_room.shape[-2] == 164 and ours.length == 99
 
 
 def test_crop_takes_a_negative_count_like_transformers():

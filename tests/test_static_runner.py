@@ -332,8 +332,10 @@ def test_preset_compile_key(compile_presets, tmp_path):
 
 
 def test_loading_builds_compiled_runners_and_says_so(compile_presets, monkeypatch):
-    """compile on: both models get StaticSteps built at load, engines use them, describe() and
-    decode_path say so. (torch.compile is replaced by the identity here to keep this fast.)"""
+    """compile on, on CPU: the target gets CompiledSteps built at load (the draft stays eager),
+    engines use them, describe() and decode_path say so. (On CUDA both would get StaticSteps;
+    torch.compile is replaced by the identity here to keep this fast.)"""
+    from specdec_core.compiled_runner import COMPILED_DYNAMIC, CPU_STEP_SIZES, CompiledSteps
     from specdec_core.presets.loading import load_preset, unload
 
     plain = load_preset("plain", compile_presets)
@@ -345,13 +347,14 @@ def test_loading_builds_compiled_runners_and_says_so(compile_presets, monkeypatc
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
     fast = load_preset("fast", compile_presets)
-    assert fast.decode_path == COMPILED_STATIC
-    assert isinstance(fast.target_runner, StaticSteps) and fast.target_runner.step_sizes == DEFAULT_STEP_SIZES
-    assert fast.draft_runner.step_sizes == DRAFT_STEP_SIZES
-    assert len(fast.describe().splitlines()) == 2 and "decode: compiled static cache" in fast.describe()
-    assert any(f"compiled {len(DEFAULT_STEP_SIZES)} step shapes" in note for note in fast.notes)
+    assert fast.decode_path == f"target {COMPILED_DYNAMIC}, draft {EAGER_DYNAMIC}"
+    assert isinstance(fast.target_runner, CompiledSteps) and fast.target_runner.step_sizes == CPU_STEP_SIZES
+    assert fast.draft_runner is None
+    target_line, draft_line = fast.describe().splitlines()
+    assert f"decode: {COMPILED_DYNAMIC}" in target_line and "decode: eager dynamic cache" in draft_line
+    assert any(f"compiled {len(CPU_STEP_SIZES)} step shapes" in note for note in fast.notes)
     engine = fast.make_engine()
-    assert engine.make_runner is fast.target_runner and engine.drafter.make_runner is fast.draft_runner
+    assert engine.make_runner is fast.target_runner
     result = engine.generate(prompt, SamplingParams(max_new_tokens=NEW_TOKENS))
     assert result.token_ids == expected and result.stats.accepted_tokens > 0
     assert load_preset("fast", compile_presets, compile=False).decode_path == EAGER_DYNAMIC  # the flag wins

@@ -86,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice, usually one per core)")
     p.add_argument("--cpu-weights", choices=CPU_WEIGHTS,
                    help="the target's weights on CPU: fp32 | gguf (default: the preset's cpu_weights)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the decoding steps (default: the preset's compile setting; on CPU only the "
+                        "target's, minutes the first time)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     return p
 
@@ -120,7 +123,7 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     load_before = load_average()
     started = time.perf_counter()
     models = load_preset(args.preset, args.config, load_draft=any(m in NEEDS_DRAFT_MODEL for m in methods),
-                         cpu_weights=args.cpu_weights)
+                         cpu_weights=args.cpu_weights, compile=args.compile)
     inform(f"preset: {models.preset.name}", *models.notes, models.describe())
     if args.methods is None and models.eagle_head is None:
         methods = [m for m in methods if m not in NEEDS_EAGLE_HEAD]
@@ -150,6 +153,7 @@ def run(args: argparse.Namespace, command: str = "") -> int:
         "command": command,
         "preset": _preset_info(models),
         "models": [dataclasses.asdict(info) for info in models.info],
+        "loaded": models.describe().splitlines() + models.notes,  # decode paths, compile times, fallbacks
         "device": _device(models.target),
         "machine": _machine(load_before),
         "versions": _versions(),

@@ -69,7 +69,7 @@ class EagleDrafter(Drafter):
                 f"{text.num_hidden_layers}: use a head trained for this target"
             )
         self._embed = embed
-        self._target_vocab = target_model.get_output_embeddings().weight.shape[0]
+        self._target_vocab = target_model.get_output_embeddings().out_features  # an int4 head has no .weight
         self.head.to(device=embed.weight.device, dtype=embed.weight.dtype)
         self._target_ids = self.head.target_token_ids()
         self._forget()

@@ -49,7 +49,7 @@ class ModelDrafter(Drafter):
                 f"draft model {_model_name(self.model)} and target model {_model_name(target_model)} "
                 "use different tokenizers; pick a draft from the target's model family"
             )
-        self._target_vocab = target_model.get_output_embeddings().weight.shape[0]
+        self._target_vocab = target_model.get_output_embeddings().out_features  # an int4 head has no .weight
         self._target_device = target_model.device
 
     def reset(self, prompt_ids: list[int]) -> None:

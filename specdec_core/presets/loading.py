@@ -81,7 +81,8 @@ class LoadedModels:
     notes: list[str] = field(default_factory=list)  # one-line remarks: auto choice, fallbacks
     draft_tokenizer: object | None = None
     # The make_runner of each model in engines (who owns its KV cache): None for the eager
-    # dynamic cache (CachedModel), or a StaticSteps compiled and warmed up at load (issue 6).
+    # dynamic cache (CachedModel), or compiled steps warmed up at load (StaticSteps on CUDA,
+    # CompiledSteps on CPU).
     target_runner: Callable | None = None
     draft_runner: Callable | None = None
     # The preset's EAGLE-3 head (shared by every engine that drafts with it), or why there is none.
@@ -300,10 +301,10 @@ def load_preset(
     if weights == "gguf" and target.device.type == "cpu":  # before compiling: it changes the model
         target_info, gguf_notes = _use_gguf_weights(preset.target, target, target_info)
         notes += gguf_notes
+    if gguf_weight_summary(target):  # before compiling: the compiled steps keep it
+        notes += _exact_rows(target)
     setting = preset.compile if compile is None else compile
     target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes)
-    if gguf_weight_summary(target):
-        notes += _exact_rows(target, compiled=target_runner is not None)
     info = [target_info, *info]
     for role, model, runner in (("target", target, target_runner), ("draft", draft, draft_runner)):
         if model is not None and runner is None:  # eager decoding; compiled steps pick their own kernels
@@ -377,16 +378,24 @@ def _load_eagle_head(preset: Preset, target, tokenizer):
 
 
 def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: list[str]):
-    """(target_runner, draft_runner): compiled static-cache steps when compiling is on, else None.
+    """(target_runner, draft_runner): compiled steps when compiling is on, else None.
 
-    Compiles and warms up every step shape now (with a progress bar), so the first reply is
-    not slow. A failure leaves that model eager: one log line and one note say why.
+    On CUDA both models get a static cache and CUDA graphs (static_runner); on CPU the target
+    gets steps compiled with inductor's C++ wrapper on its growing cache (compiled_runner) and
+    a draft stays eager. Compiles and warms up every step shape now (with a progress bar), so
+    the first reply is not slow. A failure leaves that model eager: one log line and one note say why.
     """
     from ..policy import MAX_DRAFT_LENGTH
     from ..static_runner import DRAFT_STEP_SIZES, StaticSteps, step_buckets, wants_compile
 
     if not wants_compile(setting, target.device):
         return None, None
+    if target.device.type == "cpu":
+        from ..compiled_runner import CompiledSteps
+
+        if draft is not None:
+            notes.append("draft: decoding eagerly (on CPU only the target's steps are compiled)")
+        return _compiled_steps(notes, "target", lambda: CompiledSteps(target, name="target")), None
     verify_sizes = step_buckets(max(MAX_DRAFT_LENGTH, preset.draft_length) + 1)  # 1 token, and k+1 padded up
     runners = []
     for role, model, sizes in (("target", target, verify_sizes), ("draft", draft, DRAFT_STEP_SIZES)):
@@ -399,12 +408,18 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
             notes.append(f"{role}: decoding eagerly: {error}")
             runners.append(None)
             continue
-        if steps.fallback_reason:
-            notes.append(f"{role}: torch.compile failed, decoding eagerly ({steps.fallback_reason})")
-        else:
-            notes.append(f"{role}: compiled {len(steps.step_sizes)} step shapes in {steps.warmup_s:.0f} s")
-        runners.append(steps)
+        runners.append(_compiled_steps(notes, role, lambda: steps))
     return tuple(runners)
+
+
+def _compiled_steps(notes: list[str], role: str, build: Callable):
+    """Build a model's compiled steps (compiling them) and note how that went."""
+    steps = build()
+    if steps.fallback_reason:
+        notes.append(f"{role}: torch.compile failed, decoding eagerly ({steps.fallback_reason})")
+    else:
+        notes.append(f"{role}: compiled {len(steps.step_sizes)} step shapes in {steps.warmup_s:.0f} s")
+    return steps
 
 
 def _use_gguf_weights(spec: ModelSpec, model, info: ModelInfo) -> tuple[ModelInfo, list[str]]:
@@ -427,11 +442,11 @@ def _use_gguf_weights(spec: ModelSpec, model, info: ModelInfo) -> tuple[ModelInf
     return info, notes
 
 
-def _exact_rows(model, compiled: bool) -> list[str]:
-    """The 4-bit target's logits are bf16 and tie often: switch its eager steps to row-exact
-    attention (see row_attention), so a verify step breaks every tie as a 1-token step does; a
-    note where that can't be done."""
-    problem = "compiled steps use the stock attention" if compiled else use_row_exact_attention(model)
+def _exact_rows(model) -> list[str]:
+    """The 4-bit target's logits are bf16 and tie often: switch it to row-exact attention (see
+    row_attention), so a verify step breaks every tie as a 1-token step does, eager or compiled;
+    a note where that can't be done."""
+    problem = use_row_exact_attention(model)
     if not problem:
         return []
     return [f"target: stock attention ({problem}): at a tie of its bf16 logits, greedy speculative output "

@@ -1,0 +1,165 @@
+"""The compiled decode path on CPU: steps compiled with inductor's C++ wrapper, any context length.
+
+On CPU a 4-bit step of a small model is bound by memory and by the framework's own work between
+kernels: for SmolLM2-135M on two cores, about 5,000 operator calls, 5 of its 12 ms. Compiling the
+step with inductor's C++ wrapper (`cpp_wrapper`) removes most of that work. The static cache of
+the GPU path (static_runner) does not pay here: every step attends over all of its slots, and on
+CPU that costs what compiling saves (1024 slots: 16.5 ms compiled, 16.6 eager). So here the cache
+is the eager path's growing cache (runner.GrowingLayer) and the step is compiled with dynamic
+shapes: the context length is a symbol, and one graph per step size serves every length.
+
+- Step sizes are buckets (1, 2, 4, 8): n tokens run padded to the smallest that holds them, up to
+  row_attention.MAX_ROWS tokens in pieces of the largest. Padded tokens come after the real ones
+  (causal attention keeps them out of the real rows) and their cache entries are cropped after.
+- Row-exact attention (row_attention) keeps each row of a step bitwise what a 1-token step at its
+  position gives, compiled as eager, so speculative output stays token-for-token plain decoding's
+  (tested). That is also why a verify step too long for one bucket runs in pieces, not eagerly,
+  and why the first MIN_CONTEXT positions of a sequence always run eagerly, one token at a time:
+  inductor specialises a dimension of size 0 or 1, so a compiled graph needs some context.
+- More than MAX_ROWS tokens (a prompt) are read eagerly on the same cache, as every method reads
+  them.
+- Compiling takes minutes per step size on two cores the first time; inductor keeps what it
+  compiled on disk (its cache folder, TORCHINDUCTOR_CACHE_DIR), and a later start takes seconds a
+  size. So it is opt-in on CPU (`compile: true`); `compile: auto` leaves CPUs eager.
+
+`CompiledSteps(model)` compiles (warms up) every bucket when it is built; calling it returns a
+CompiledRunner, CachedModel with compiled steps, so it is the `make_runner` hook of
+SpeculativeEngine and ModelDrafter. If compiling fails it logs one line and hands out eager
+CachedModel runners from then on (decode_path says which path is in use).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from .row_attention import MAX_ROWS
+from .runner import CachedModel, GrowingLayer, cache_kwargs
+from .static_runner import EAGER_DYNAMIC, PAD_TOKEN, _model_name, _one_line
+
+logger = logging.getLogger(__name__)
+
+COMPILED_DYNAMIC = "compiled steps (C++ wrapper), dynamic cache"
+CPU_STEP_SIZES = (1, 2, 4, 8)  # torch's int4 kernel works in blocks of 4 rows: 3 runs as 4
+MIN_CONTEXT = 2  # cached tokens a compiled step needs (sizes 0 and 1 would be specialised)
+# Tokens cached while compiling. Any length >= MIN_CONTEXT then serves every length, as long as
+# no two sizes of the traced step are equal: dynamo gives equal sizes one symbol and would compile
+# again whenever they differ (so not 8, a bucket; 37 and the room it grows to, 76, match nothing).
+_WARMUP_CONTEXT = 37
+
+
+class CompiledSteps:
+    """One model's compiled steps (a graph per bucket); calling it gives a runner per generation."""
+
+    def __init__(self, model, *, step_sizes=CPU_STEP_SIZES, warmup: bool = True, progress: bool = True,
+                 name: str | None = None) -> None:
+        self.model = model.eval()
+        self.name = name or _model_name(model)
+        self.step_sizes = tuple(sorted(set(int(s) for s in step_sizes)))
+        if not self.step_sizes or self.step_sizes[0] != 1:
+            raise ValueError(f"step_sizes must include 1, got {self.step_sizes}")
+        self.compiled = True
+        self.fallback_reason: str | None = None
+        self.warmup_s = 0.0
+        (self._cache_keyword,) = cache_kwargs(model, None)  # looked up here, not inside the compiled step
+        config = torch._dynamo.config  # one graph per bucket and model
+        config.recompile_limit = max(config.recompile_limit, 64)
+        try:
+            self._step = torch.compile(self._logits, dynamic=True, options={"cpp_wrapper": True})
+        except Exception as error:  # torch.compile unavailable here
+            self._fall_back(error)
+        if warmup:
+            self.warm_up(progress)
+
+    @property
+    def decode_path(self) -> str:
+        return COMPILED_DYNAMIC if self.compiled else EAGER_DYNAMIC
+
+    def __call__(self, model=None) -> CachedModel:
+        if model is not None and model is not self.model:
+            raise ValueError(f"these steps belong to {self.name}, not to {_model_name(model)}")
+        return CompiledRunner(self) if self.compiled else CachedModel(self.model)
+
+    def warm_up(self, progress: bool = True) -> None:
+        """Compile every bucket now (with a progress bar), on a throwaway cache."""
+        from tqdm.auto import tqdm
+
+        if not self.compiled:
+            return
+        started = time.perf_counter()
+        runner = CompiledRunner(self)
+        with torch.inference_mode():
+            runner.forward([PAD_TOKEN] * _WARMUP_CONTEXT)
+            sizes = tqdm(self.step_sizes, desc=f"compiling {self.name}", unit="shape", disable=not progress,
+                         leave=False)
+            for size in sizes:
+                if not self.compiled:
+                    return
+                runner.forward([PAD_TOKEN] * size)
+                runner.crop(_WARMUP_CONTEXT)
+        self.warmup_s = time.perf_counter() - started
+        logger.info("compiled %d step shapes of %s in %.1f s", len(self.step_sizes), self.name, self.warmup_s)
+
+    def bucket(self, tokens: int) -> int:
+        """The step size that runs `tokens` tokens (the largest one for more)."""
+        return next((size for size in self.step_sizes if size >= tokens), self.step_sizes[-1])
+
+    def run(self, runner: CompiledRunner, token_ids: list[int]) -> torch.Tensor | None:
+        """Logits [n, V] of one padded compiled step, or None if compiling failed (now or before)."""
+        if not self.compiled:
+            return None
+        size = self.bucket(len(token_ids))
+        runner.reserve(size)
+        padded = torch.tensor([token_ids + [PAD_TOKEN] * (size - len(token_ids))])
+        try:
+            return self._step(padded, runner.cache)[0, : len(token_ids)]
+        except Exception as error:
+            self._fall_back(error)
+            return None
+
+    def _logits(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+        """The compiled function: logits [1, n, V] of input_ids after the cached tokens."""
+        return self.model(input_ids=input_ids, **{self._cache_keyword: cache}, use_cache=True).logits
+
+    def _fall_back(self, error: BaseException) -> None:
+        if self.compiled:
+            self.compiled = False
+            self.fallback_reason = _one_line(error)
+            logger.warning("torch.compile failed for %s (%s): decoding eagerly", self.name, self.fallback_reason)
+
+
+class CompiledRunner(CachedModel):
+    """CachedModel whose steps of up to MAX_ROWS tokens run on CompiledSteps' graphs."""
+
+    def __init__(self, steps: CompiledSteps) -> None:
+        super().__init__(steps.model)
+        self._steps = steps
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        if len(token_ids) > MAX_ROWS:  # a prompt: read eagerly, as every method reads it
+            return super().forward(token_ids, last_only)
+        pieces = []
+        while token_ids:
+            length = self.length
+            if length < MIN_CONTEXT:  # too little context for a compiled graph: one token eagerly
+                piece, token_ids = token_ids[:1], token_ids[1:]
+                pieces.append(super().forward(piece))
+                continue
+            piece, token_ids = token_ids[: self._steps.step_sizes[-1]], token_ids[self._steps.step_sizes[-1]:]
+            logits = self._steps.run(self, piece)
+            if logits is None:  # compiling failed: this and later steps run eagerly
+                pieces.append(super().forward(piece))
+                continue
+            self.crop(length + len(piece))  # forget the padding's keys and values
+            pieces.append(logits.float())
+        logits = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        return logits[-1:] if last_only else logits
+
+    def reserve(self, tokens: int) -> None:
+        """Room in every layer for `tokens` more, so the compiled step never grows the cache."""
+        for layer in self.cache.layers:
+            if isinstance(layer, GrowingLayer):
+                layer.reserve(tokens)

@@ -1,0 +1,96 @@
+"""The compiled decode path on CPU (specdec_core/compiled_runner.py): steps compiled with inductor's
+C++ wrapper on the growing cache. Every row of a compiled step must be bitwise what a compiled
+1-token step gives, so greedy speculation stays token-for-token plain decoding."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core.compiled_runner import COMPILED_DYNAMIC, MIN_CONTEXT, CompiledRunner, CompiledSteps
+from specdec_core.row_attention import MAX_ROWS, use_row_exact_attention
+from specdec_core.runner import CachedModel
+from specdec_core.static_runner import EAGER_DYNAMIC
+from tests.test_row_attention import VOCAB, _int4_tiny_llama
+from tests.tiny_models import perturbed_copy, tiny_llama
+
+STEP_SIZES = (1, 4)  # two graphs keep the compile short; 2 and 3 tokens run padded, 5 and more in pieces
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """A tiny Llama on the int4 kernel with row-exact attention, and its compiled steps."""
+    model = _int4_tiny_llama(seed=21)
+    assert use_row_exact_attention(model) is None
+    steps = CompiledSteps(model, step_sizes=STEP_SIZES, progress=False)
+    assert steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason
+    return model, steps
+
+
+def _tokens(seed: int, count: int) -> list[int]:
+    return torch.randint(0, VOCAB, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_every_row_of_a_compiled_step_is_bitwise_a_compiled_one_token_steps_row(compiled):
+    model, steps = compiled
+    prompt, tokens = _tokens(0, 30), _tokens(1, 26)
+    single = steps()
+    assert isinstance(single, CompiledRunner)
+    single.forward(prompt, last_only=True)  # a prompt: read eagerly
+    expected = [single.forward([token])[0] for token in tokens]
+    for size in (2, 3, 4, 7, MAX_ROWS):  # padded, exact, and in pieces of the largest graph
+        runner = steps()
+        runner.forward(prompt, last_only=True)
+        for start in range(0, len(tokens), size):
+            rows = runner.forward(tokens[start : start + size])
+            assert runner.length == len(prompt) + min(start + size, len(tokens))  # padding forgotten
+            for i, row in enumerate(rows):
+                assert torch.equal(row, expected[start + i]), (size, start + i)
+    eager = CachedModel(model)  # and the same model as the eager path computes it, up to rounding
+    eager.forward(prompt, last_only=True)
+    torch.testing.assert_close(eager.forward(tokens), torch.stack(expected), rtol=0, atol=0.1)
+
+
+def test_a_sequence_with_no_context_starts_eagerly_then_compiles_exactly(compiled):
+    _, steps = compiled
+    tokens = _tokens(2, 12)
+    single = steps()
+    expected = [single.forward([token])[0] for token in tokens]
+    runner = steps()
+    rows = runner.forward(tokens[:6])  # the first MIN_CONTEXT positions eagerly, the rest compiled
+    rows = torch.cat([rows, runner.forward(tokens[6:])])
+    assert MIN_CONTEXT == 2 and all(torch.equal(row, expected[i]) for i, row in enumerate(rows))
+
+
+def test_speculation_on_compiled_steps_gives_plain_decodings_tokens(compiled, smol_tokenizer):
+    model, steps = compiled
+    draft = perturbed_copy(tiny_llama(seed=21, vocab=VOCAB, init=0.2), noise=0.02, seed=22)  # the target unquantised
+    drafted = 0
+    for seed in range(3):
+        prompt = _tokens(10 + seed, 24) * 2  # repeats, so prompt lookup finds text to copy
+        params = SamplingParams(max_new_tokens=40)
+        plain = SpeculativeEngine(model, smol_tokenizer, make_runner=steps).generate(prompt, params)
+        for drafter in (PromptLookupDrafter(), ModelDrafter(draft)):
+            engine = SpeculativeEngine(model, smol_tokenizer, drafter=drafter, draft_length=5, adaptive=False,
+                                       make_runner=steps)
+            result = engine.generate(prompt, params)
+            assert result.token_ids == plain.token_ids, (seed, type(drafter).__name__)
+            drafted += result.stats.drafted_tokens
+    assert drafted > 0 and steps.compiled  # it drafted, and nothing fell back along the way
+
+
+def test_where_compiling_fails_it_decodes_eagerly_and_says_why_once(monkeypatch, caplog):
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("torch.compile is not available on this machine")
+
+    monkeypatch.setattr(torch, "compile", unavailable)
+    model = _int4_tiny_llama(seed=23)
+    with caplog.at_level(logging.INFO, logger="specdec_core.compiled_runner"):
+        steps = CompiledSteps(model, step_sizes=STEP_SIZES, progress=False)
+    lines = [r for r in caplog.records if r.name == "specdec_core.compiled_runner"]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert "not available on this machine" in lines[0].message and "eagerly" in lines[0].message
+    assert steps.decode_path == EAGER_DYNAMIC and type(steps()) is CachedModel
