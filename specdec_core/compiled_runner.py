@@ -18,9 +18,10 @@ shapes: the context length is a symbol, and one graph per step size serves every
   inductor specialises a dimension of size 0 or 1, so a compiled graph needs some context.
 - More than MAX_ROWS tokens (a prompt) are read eagerly on the same cache, as every method reads
   them.
-- Compiling takes minutes per step size on two cores the first time; inductor keeps what it
-  compiled on disk (its cache folder, TORCHINDUCTOR_CACHE_DIR), and a later start takes seconds a
-  size. So it is opt-in on CPU (`compile: true`); `compile: auto` leaves CPUs eager.
+- Compiling takes minutes per step size on two cores the first time (16 for SmolLM2's four);
+  inductor keeps what it compiled on disk (its cache folder, TORCHINDUCTOR_CACHE_DIR), and a later
+  start takes a minute or two. So it is opt-in on CPU (`compile: true`); `compile: auto` leaves
+  CPUs eager.
 
 `CompiledSteps(model)` compiles (warms up) every bucket when it is built; calling it returns a
 CompiledRunner, CachedModel with compiled steps, so it is the `make_runner` hook of
@@ -139,24 +140,30 @@ class CompiledRunner(CachedModel):
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
-        if len(token_ids) > MAX_ROWS:  # a prompt: read eagerly, as every method reads it
+        if not token_ids or len(token_ids) > MAX_ROWS:  # a prompt: read eagerly, as every method reads it
             return super().forward(token_ids, last_only)
-        pieces = []
-        while token_ids:
-            length = self.length
-            if length < MIN_CONTEXT:  # too little context for a compiled graph: one token eagerly
-                piece, token_ids = token_ids[:1], token_ids[1:]
-                pieces.append(super().forward(piece))
-                continue
-            piece, token_ids = token_ids[: self._steps.step_sizes[-1]], token_ids[self._steps.step_sizes[-1]:]
-            logits = self._steps.run(self, piece)
-            if logits is None:  # compiling failed: this and later steps run eagerly
-                pieces.append(super().forward(piece))
-                continue
-            self.crop(length + len(piece))  # forget the padding's keys and values
-            pieces.append(logits.float())
-        logits = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        rows = [self._step(piece) for piece in self._pieces(token_ids)]
+        logits = rows[0] if len(rows) == 1 else torch.cat(rows)
         return logits[-1:] if last_only else logits
+
+    def _pieces(self, token_ids: list[int]):
+        """The steps that read token_ids: single tokens while the cache holds fewer than
+        MIN_CONTEXT (read eagerly), then pieces of the largest step size. Lazy: each piece is
+        cut after the one before it has been read."""
+        while token_ids:
+            size = 1 if self.length < MIN_CONTEXT else self._steps.step_sizes[-1]
+            yield token_ids[:size]
+            token_ids = token_ids[size:]
+
+    def _step(self, piece: list[int]) -> torch.Tensor:
+        """Float32 logits [n, V] of one piece: compiled where it can be, else eagerly."""
+        length = self.length
+        if length >= MIN_CONTEXT:
+            logits = self._steps.run(self, piece)
+            if logits is not None:  # None: compiling failed, this and later steps run eagerly
+                self.crop(length + len(piece))  # forget the padding's keys and values
+                return logits.float()
+        return super().forward(piece)
 
     def reserve(self, tokens: int) -> None:
         """Room in every layer for `tokens` more, so the compiled step never grows the cache."""

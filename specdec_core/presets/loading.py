@@ -395,7 +395,7 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
 
         if draft is not None:
             notes.append("draft: decoding eagerly (on CPU only the target's steps are compiled)")
-        return _compiled_steps(notes, "target", lambda: CompiledSteps(target, name="target")), None
+        return _noted(notes, "target", CompiledSteps(target, name="target")), None
     verify_sizes = step_buckets(max(MAX_DRAFT_LENGTH, preset.draft_length) + 1)  # 1 token, and k+1 padded up
     runners = []
     for role, model, sizes in (("target", target, verify_sizes), ("draft", draft, DRAFT_STEP_SIZES)):
@@ -408,13 +408,12 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
             notes.append(f"{role}: decoding eagerly: {error}")
             runners.append(None)
             continue
-        runners.append(_compiled_steps(notes, role, lambda: steps))
+        runners.append(_noted(notes, role, steps))
     return tuple(runners)
 
 
-def _compiled_steps(notes: list[str], role: str, build: Callable):
-    """Build a model's compiled steps (compiling them) and note how that went."""
-    steps = build()
+def _noted(notes: list[str], role: str, steps):
+    """A model's compiled steps (StaticSteps or CompiledSteps), with a note of how compiling went."""
     if steps.fallback_reason:
         notes.append(f"{role}: torch.compile failed, decoding eagerly ({steps.fallback_reason})")
     else:
