@@ -38,7 +38,7 @@ import torch
 
 from .row_attention import MAX_ROWS
 from .runner import CachedModel, GrowingLayer, cache_kwargs
-from .static_runner import EAGER_DYNAMIC, PAD_TOKEN, _model_name, _one_line
+from .static_runner import EAGER_DYNAMIC, PAD_TOKEN, allow_a_graph_per_shape, compile_failed, model_name
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class CompiledSteps:
     def __init__(self, model, *, step_sizes=CPU_STEP_SIZES, warmup: bool = True, progress: bool = True,
                  name: str | None = None) -> None:
         self.model = model.eval()
-        self.name = name or _model_name(model)
+        self.name = name or model_name(model)
         self.step_sizes = tuple(sorted(set(int(s) for s in step_sizes)))
         if not self.step_sizes or self.step_sizes[0] != 1:
             raise ValueError(f"step_sizes must include 1, got {self.step_sizes}")
@@ -65,8 +65,7 @@ class CompiledSteps:
         self.fallback_reason: str | None = None
         self.warmup_s = 0.0
         (self._cache_keyword,) = cache_kwargs(model, None)  # looked up here, not inside the compiled step
-        config = torch._dynamo.config  # one graph per bucket and model
-        config.recompile_limit = max(config.recompile_limit, 64)
+        allow_a_graph_per_shape()
         try:
             self._step = torch.compile(self._logits, dynamic=True, options={"cpp_wrapper": True})
         except Exception as error:  # torch.compile unavailable here
@@ -80,7 +79,7 @@ class CompiledSteps:
 
     def __call__(self, model=None) -> CachedModel:
         if model is not None and model is not self.model:
-            raise ValueError(f"these steps belong to {self.name}, not to {_model_name(model)}")
+            raise ValueError(f"these steps belong to {self.name}, not to {model_name(model)}")
         return CompiledRunner(self) if self.compiled else CachedModel(self.model)
 
     def warm_up(self, progress: bool = True) -> None:
@@ -127,8 +126,7 @@ class CompiledSteps:
     def _fall_back(self, error: BaseException) -> None:
         if self.compiled:
             self.compiled = False
-            self.fallback_reason = _one_line(error)
-            logger.warning("torch.compile failed for %s (%s): decoding eagerly", self.name, self.fallback_reason)
+            self.fallback_reason = compile_failed(logger, self.name, error)
 
 
 class CompiledRunner(CachedModel):

@@ -109,7 +109,7 @@ class StaticSteps:
         ("eager" traces the steps without generating code: the CPU self-check uses it)."""
         self.model = model.eval()
         self.device = model.device
-        self.name = name or _model_name(model)
+        self.name = name or model_name(model)
         self.step_sizes = tuple(sorted(set(int(s) for s in step_sizes)))
         if not self.step_sizes or self.step_sizes[0] < 1:
             raise ValueError(f"step_sizes must be positive token counts, got {self.step_sizes}")
@@ -125,9 +125,7 @@ class StaticSteps:
         self._slots: list[_Slot] = []
         self._spill_logged = False
         if self.compiled:
-            # Each step shape (of each model) is its own graph: allow that many recompiles.
-            config = torch._dynamo.config
-            config.recompile_limit = max(config.recompile_limit, _MIN_RECOMPILE_LIMIT)
+            allow_a_graph_per_shape()
         self._slots.append(self._new_slot())  # checks the model and allocates the cache now
         if self.compiled and warmup:
             self.warm_up(progress)
@@ -142,7 +140,7 @@ class StaticSteps:
     def __call__(self, model=None):
         """A runner for one generation (CachedModel's interface). `model` must be ours."""
         if model is not None and model is not self.model:
-            raise ValueError(f"these steps belong to {self.name}, not to {_model_name(model)}")
+            raise ValueError(f"these steps belong to {self.name}, not to {model_name(model)}")
         if self.fallback_reason is not None:
             return CachedModel(self.model)
         runner = StaticCacheRunner(self)
@@ -247,8 +245,7 @@ class StaticSteps:
         if not self.compiled:
             return
         self.compiled = False
-        self.fallback_reason = _one_line(error)
-        logger.warning("torch.compile failed for %s (%s): decoding eagerly", self.name, self.fallback_reason)
+        self.fallback_reason = compile_failed(logger, self.name, error)
 
 
 class _Slot:
@@ -355,7 +352,20 @@ def _default_max_length(model) -> int:
     return min(context_limit(model), DEFAULT_MAX_LENGTH)
 
 
-def _model_name(model) -> str:
+def allow_a_graph_per_shape() -> None:
+    """Each step shape (of each model) is its own graph: let dynamo compile that many."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, _MIN_RECOMPILE_LIMIT)
+
+
+def compile_failed(log: logging.Logger, name: str, error: BaseException) -> str:
+    """Log the one line that says compiling `name` failed and it decodes eagerly; return why."""
+    reason = _one_line(error)
+    log.warning("torch.compile failed for %s (%s): decoding eagerly", name, reason)
+    return reason
+
+
+def model_name(model) -> str:
     return getattr(model.config, "name_or_path", "") or type(model).__name__
 
 
