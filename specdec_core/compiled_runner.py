@@ -18,6 +18,10 @@ shapes: the context length is a symbol, and one graph per step size serves every
   inductor specialises a dimension of size 0 or 1, so a compiled graph needs some context.
 - More than MAX_ROWS tokens (a prompt) are read eagerly on the same cache, as every method reads
   them.
+- Built with `feature_layers` (an EAGLE head's), the steps are compiled with the model's
+  FeatureTap on those layers already in place (features.py), so the compiled graphs hand the
+  head its features too and its engines keep the compiled target. Each piece's rows are
+  settled into the tap, padding left out.
 - Compiling takes minutes per step size on two cores the first time (16 for SmolLM2's four);
   inductor keeps what it compiled on disk (its cache folder, TORCHINDUCTOR_CACHE_DIR), and a later
   start takes a minute or two. So it is opt-in on CPU (`compile: true`); `compile: auto` leaves
@@ -36,6 +40,7 @@ import time
 
 import torch
 
+from .features import feature_tap, settle_features
 from .row_attention import MAX_ROWS
 from .runner import CachedModel, GrowingLayer, cache_kwargs
 from .static_runner import EAGER_DYNAMIC, PAD_TOKEN, allow_a_graph_per_shape, compile_failed, model_name
@@ -54,10 +59,12 @@ _WARMUP_CONTEXT = 37
 class CompiledSteps:
     """One model's compiled steps (a graph per bucket); calling it gives a runner per generation."""
 
-    def __init__(self, model, *, step_sizes=CPU_STEP_SIZES, warmup: bool = True, progress: bool = True,
-                 name: str | None = None) -> None:
+    def __init__(self, model, *, step_sizes=CPU_STEP_SIZES, feature_layers: tuple[int, ...] = (),
+                 warmup: bool = True, progress: bool = True, name: str | None = None) -> None:
         self.model = model.eval()
         self.name = name or model_name(model)
+        # The tap's hooks must be on the layers before tracing: compiled steps never call hooks added later.
+        self.feature_layers = feature_tap(model, feature_layers).layer_ids
         self.step_sizes = tuple(sorted(set(int(s) for s in step_sizes)))
         if not self.step_sizes or self.step_sizes[0] != 1:
             raise ValueError(f"step_sizes must include 1, got {self.step_sizes}")
@@ -76,6 +83,10 @@ class CompiledSteps:
     @property
     def decode_path(self) -> str:
         return COMPILED_DYNAMIC if self.compiled else EAGER_DYNAMIC
+
+    def reads_features(self, layer_ids: tuple[int, ...]) -> bool:
+        """Whether these steps hand a drafter reading `layer_ids` its features (see feature_layers)."""
+        return not layer_ids or tuple(layer_ids) == self.feature_layers
 
     def __call__(self, model=None) -> CachedModel:
         if model is not None and model is not self.model:
@@ -156,12 +167,13 @@ class CompiledRunner(CachedModel):
     def _step(self, piece: list[int]) -> torch.Tensor:
         """Float32 logits [n, V] of one piece: compiled where it can be, else eagerly."""
         length = self.length
-        if length >= MIN_CONTEXT:
-            logits = self._steps.run(self, piece)
-            if logits is not None:  # None: compiling failed, this and later steps run eagerly
-                self.crop(length + len(piece))  # forget the padding's keys and values
-                return logits.float()
-        return super().forward(piece)
+        logits = self._steps.run(self, piece) if length >= MIN_CONTEXT else None
+        if logits is None:  # no context yet, or compiling failed (then this and later steps run eagerly)
+            logits = super().forward(piece)
+        else:
+            self.crop(length + len(piece))  # forget the padding's keys and values
+        settle_features(self.model, len(piece))  # the features of this piece's tokens, not the padding's
+        return logits.float()
 
     def reserve(self, tokens: int) -> None:
         """Room in every layer for `tokens` more, so the compiled step never grows the cache."""

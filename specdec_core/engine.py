@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -18,7 +17,7 @@ import torch
 from .acceptance import greedy_accept, speculative_accept
 from .detok import IncrementalDetokenizer
 from .drafters import Draft, Drafter
-from .features import FeatureTap
+from .features import feature_tap
 from .events import (
     BONUS, DRAFT, LENGTH, LENGTH_CONTEXT, RESAMPLED, STOP, TARGET, GenerationResult, Stats, TokenEvent,
 )
@@ -60,8 +59,7 @@ class SpeculativeEngine:
         self.tokenizer = tokenizer
         self.drafter.bind(self.target_model, tokenizer)
         # The target layers the drafter reads (none for most): captured during our own forwards.
-        self._tap = FeatureTap(self.target_model, self.drafter.feature_layers)
-        weakref.finalize(self, self._tap.close)
+        self._tap = feature_tap(self.target_model, self.drafter.feature_layers)
         self.draft_length = draft_length
         self.adaptive = adaptive
         self.stop_strings = tuple(stop_strings)
@@ -218,8 +216,8 @@ class SpeculativeEngine:
         if unread:
             started = time.perf_counter()
             position = call.target.length
-            with self._tap:
-                call.target.forward(unread, last_only=True)
+            self._tap.start()
+            call.target.forward(unread, last_only=True)
             self._observe(position, len(unread))
             self.stats.target_forwards += 1
             self.stats.verify_s += time.perf_counter() - started
@@ -227,8 +225,8 @@ class SpeculativeEngine:
     def _verify(self, target: CachedModel, last_token: int, draft_tokens: list[int]) -> torch.Tensor:
         """One target forward over [last, d1..dk] -> [k+1, V] logits."""
         self.stats.target_forwards += 1
-        with self._tap:
-            return target.forward([last_token, *draft_tokens])
+        self._tap.start()
+        return target.forward([last_token, *draft_tokens])
 
     def _observe(self, position: int, rows: int) -> None:
         """Hand the drafter the first `rows` of the features the last target forward captured

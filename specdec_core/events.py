@@ -45,7 +45,7 @@ class Stats:
     # stopped it early.
     finish_reason: str | None = None
     # (drafted, accepted) of every decoding round, in order: what the benchmark's theory check
-    # is computed from (counted here, since hooks on the model don't fire inside compiled steps).
+    # is computed from (counted here: a hook put on the model after its steps were compiled doesn't fire inside them).
     # Not in as_dict: the API and the CLI report the totals above.
     rounds: list[tuple[int, int]] = field(default_factory=list, repr=False)
 

@@ -1,19 +1,31 @@
 """The target's own features for drafters that read them (EAGLE heads): captured in passing.
 
-A drafter names the target layers it reads (`Drafter.feature_layers`); the engine puts a
-FeatureTap on exactly those layers, and every target forward it runs anyway (the prompt prefill,
-each round's verify) leaves their inputs here: the residual stream entering each layer, which
-is what EAGLE-3 calls the hidden state "of" that layer (vLLM's aux hidden state ids). No extra
-target forward, and no output_hidden_states for all layers.
+A drafter names the target layers it reads (`Drafter.feature_layers`); the engine reads them
+through the model's FeatureTap on exactly those layers (`feature_tap`), and every target
+forward it runs anyway (the prompt prefill, each round's verify) leaves their inputs there: the
+residual stream entering each layer, which is what EAGLE-3 calls the hidden state "of" that
+layer (vLLM's aux hidden state ids). No extra target forward, and no output_hidden_states for
+all layers.
 
-Hooks fire in eager forwards. Inside compiled code they are not guaranteed to, so an engine
-with a feature-reading drafter decodes its target eagerly (presets/loading.py says so).
+The tap's hooks are made once per model and layer set and stay, and each only overwrites the
+latest input it saw: so torch.compile traces them into compiled steps like any other part of
+the forward (the compiled graph returns those inputs, and dynamo replays the assignment), with
+no graph break and no recompile when the tap is read or cleared. Hooks put on after compiling
+are not called by the compiled steps (dynamo does not guard on module hooks), so the steps are
+compiled with the tap already there (compiled_runner's feature_layers). A runner that reads one forward
+in several model calls (compiled steps in pieces) settles each call's rows (`settle_features`).
+transformers' own output_hidden_states would break the compiled graph: it adds hooks per call.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
+
+# model -> {layer ids: its FeatureTap}; the taps (and their hooks) live as long as the model
+_TAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def decoder_layers(model) -> nn.ModuleList:
@@ -25,18 +37,39 @@ def decoder_layers(model) -> nn.ModuleList:
     return layers
 
 
-class FeatureTap:
-    """Forward pre-hooks on the chosen decoder layers, active only while the engine asks.
+def feature_tap(model, layer_ids: tuple[int, ...]) -> FeatureTap:
+    """The model's tap on `layer_ids`, made (and its hooks put on the layers) the first time it
+    is asked for; an empty tap, with no hooks, for no layers."""
+    layer_ids = tuple(layer_ids)
+    if not layer_ids:
+        return FeatureTap(model, ())
+    taps = _TAPS.setdefault(model, {})
+    if layer_ids not in taps:
+        taps[layer_ids] = FeatureTap(model, layer_ids)
+    return taps[layer_ids]
 
-    take() -> [n, len(layer_ids) * hidden] the concatenated inputs of those layers over the n
-    tokens of the latest forward (or None when nothing was captured since the last take).
+
+def settle_features(model, rows: int) -> None:
+    """The model call just made is one part of a longer forward: keep the first `rows` rows it
+    left in each of the model's taps, before the next call overwrites them."""
+    for tap in _TAPS.get(model, {}).values():
+        tap.settle(rows)
+
+
+class FeatureTap:
+    """Forward pre-hooks on the chosen decoder layers (made through feature_tap, once a model).
+
+    start() before a forward, then take() -> [n, len(layer_ids) * hidden]: the concatenated
+    inputs of those layers over the n tokens of that forward (None when nothing was captured
+    since, or the layers were not all reached).
     """
 
     def __init__(self, model, layer_ids: tuple[int, ...]) -> None:
         self.layer_ids = tuple(layer_ids)
-        self._captured: dict[int, torch.Tensor] = {}
-        self._active = False
-        self._handles = []
+        # Written by the hooks: each layer's input in the last model call, None when taken. Its keys
+        # never change: dynamo guards on the dict's length, so a changing one would recompile.
+        self._latest: dict[int, torch.Tensor | None] = {i: None for i in self.layer_ids}
+        self._settled: dict[int, list[torch.Tensor]] = {}  # earlier calls of the same forward
         if not self.layer_ids:
             return
         layers = decoder_layers(model)
@@ -44,33 +77,31 @@ class FeatureTap:
         if bad:
             raise ValueError(f"feature layers {bad} are outside the target's {len(layers)} layers")
         for i in sorted(set(self.layer_ids)):  # a shallow target may feed one layer twice
-            self._handles.append(layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True))
+            layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True)
 
     def _hook(self, index: int):
         def capture(module, args, kwargs):
-            if self._active:
-                hidden = args[0] if args else kwargs["hidden_states"]
-                self._captured[index] = hidden[0].detach()  # [n, H]; batch size 1
+            hidden = args[0] if args else kwargs["hidden_states"]
+            self._latest[index] = hidden[0].detach()  # [n, H]; batch size 1. Only assigned: see the module
         return capture
 
-    def __enter__(self) -> FeatureTap:
-        self._active = bool(self._handles)
-        self._captured.clear()
-        return self
+    def start(self) -> None:
+        """Forget what earlier forwards left: the next one is captured afresh."""
+        self._latest.update(dict.fromkeys(self._latest))
+        self._settled.clear()
 
-    def __exit__(self, *exc) -> None:
-        self._active = False
+    def settle(self, rows: int | None) -> None:
+        """Keep the first `rows` rows of the last model call (see settle_features)."""
+        for index, hidden in self._latest.items():
+            if hidden is not None:
+                self._settled.setdefault(index, []).append(hidden[:rows])
+        self._latest.update(dict.fromkeys(self._latest))
 
     def take(self) -> torch.Tensor | None:
-        if not self.layer_ids or len(self._captured) != len(set(self.layer_ids)):
+        self.settle(None)
+        if not self.layer_ids or len(self._settled) != len(set(self.layer_ids)):
             return None
-        first = self._captured[self.layer_ids[0]]
-        features = torch.cat([self._captured[i].to(first.device) for i in self.layer_ids], dim=-1)
-        self._captured.clear()
-        return features
-
-    def close(self) -> None:
-        """Remove the hooks (the engine that owned them is gone)."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        by_layer = {i: torch.cat(parts) if len(parts) > 1 else parts[0] for i, parts in self._settled.items()}
+        self._settled.clear()
+        first = by_layer[self.layer_ids[0]]
+        return torch.cat([by_layer[i].to(first.device) for i in self.layer_ids], dim=-1)

@@ -1,6 +1,7 @@
 """The compiled decode path on CPU (specdec_core/compiled_runner.py): steps compiled with inductor's
 C++ wrapper on the growing cache. Every row of a compiled step must be bitwise what a compiled
-1-token step gives, so greedy speculation stays token-for-token plain decoding."""
+1-token step gives, so greedy speculation stays token-for-token plain decoding. The steps are
+compiled with an EAGLE head's feature tap in place, so they also hand the head its features."""
 
 from __future__ import annotations
 
@@ -9,25 +10,31 @@ import logging
 import pytest
 import torch
 
-from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core import EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
 from specdec_core.compiled_runner import COMPILED_DYNAMIC, MIN_CONTEXT, CompiledRunner, CompiledSteps
+from specdec_core.features import feature_tap
 from specdec_core.row_attention import MAX_ROWS, use_row_exact_attention
 from specdec_core.runner import CachedModel
 from specdec_core.static_runner import EAGER_DYNAMIC
 from tests.test_row_attention import VOCAB, _int4_tiny_llama
-from tests.tiny_models import perturbed_copy, tiny_llama
+from tests.tiny_models import perturbed_copy, random_eagle_head, tiny_llama
 
 STEP_SIZES = (1, 4)  # two graphs keep the compile short; 2 and 3 tokens run padded, 5 and more in pieces
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    """A tiny Llama on the int4 kernel with row-exact attention, and its compiled steps."""
+    """A tiny Llama on the int4 kernel with row-exact attention, and its compiled steps, which
+    read the features of a random EAGLE head's layers."""
     model = _int4_tiny_llama(seed=21)
     assert use_row_exact_attention(model) is None
-    steps = CompiledSteps(model, step_sizes=STEP_SIZES, progress=False)
+    steps = CompiledSteps(model, step_sizes=STEP_SIZES, feature_layers=_head(model).layer_ids, progress=False)
     assert steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason
     return model, steps
+
+
+def _head(model):
+    return random_eagle_head(model, draft_vocab=VOCAB, seed=3)
 
 
 def _tokens(seed: int, count: int) -> list[int]:
@@ -80,6 +87,50 @@ def test_speculation_on_compiled_steps_gives_plain_decodings_tokens(compiled, sm
             assert result.token_ids == plain.token_ids, (seed, type(drafter).__name__)
             drafted += result.stats.drafted_tokens
     assert drafted > 0 and steps.compiled  # it drafted, and nothing fell back along the way
+
+
+def test_compiled_steps_hand_the_tap_each_real_tokens_features_without_recompiling(compiled, monkeypatch):
+    model, steps = compiled
+    layers = steps.feature_layers
+    assert feature_tap(model, layers) is feature_tap(model, layers)  # one tap a model: its hooks were traced
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # a recompile would fall back
+    prompt, tokens = _tokens(3, 30), _tokens(4, 40)
+    eager, runner = CachedModel(model), steps()
+    for sizes in ((1, 3, 4, 7, MAX_ROWS), (2,)):
+        for reader in (eager, runner):
+            tap = feature_tap(model, layers)
+            tap.start()
+            reader.forward(prompt, last_only=True)  # a prompt, read eagerly by both
+            rows = [tap.take()]
+            for start, size in zip([0, 1, 4, 8, 15], sizes):
+                tap.start()
+                reader.forward(tokens[start : start + size])  # padded to 4, exact, in pieces of 4
+                rows.append(tap.take())
+            assert [len(r) for r in rows] == [len(prompt), *sizes[: len(rows) - 1]]
+            if reader is eager:
+                expected = rows
+            else:
+                for got, want in zip(rows, expected):
+                    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+            reader.crop(0)
+    assert steps.compiled  # nothing recompiled or fell back
+
+
+def test_an_eagle_head_on_compiled_steps_keeps_plain_decodings_tokens(compiled, smol_tokenizer, monkeypatch):
+    model, steps = compiled
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    drafted = 0
+    for seed in range(2):
+        prompt = _tokens(20 + seed, 24) * 2
+        params = SamplingParams(max_new_tokens=40)
+        plain = SpeculativeEngine(model, smol_tokenizer, make_runner=steps).generate(prompt, params)
+        for drafter in (EagleDrafter(_head(model)), HybridDrafter(EagleDrafter(_head(model)))):
+            engine = SpeculativeEngine(model, smol_tokenizer, drafter=drafter, draft_length=3, adaptive=False,
+                                       make_runner=steps)
+            result = engine.generate(prompt, params)
+            assert result.token_ids == plain.token_ids, (seed, type(drafter).__name__)
+            drafted += result.stats.drafted_tokens
+    assert drafted > 0 and steps.compiled
 
 
 def test_where_compiling_fails_it_decodes_eagerly_and_says_why_once(monkeypatch, caplog):

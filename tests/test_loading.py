@@ -140,6 +140,26 @@ def test_compiling_on_cpu_compiles_the_targets_steps_and_a_failure_leaves_it_eag
     assert greedy_ids(models, "prompt_lookup", PROMPTS[1]) == greedy_ids(models, "model", PROMPTS[1]) == baseline
 
 
+def test_compiled_cpu_steps_read_the_eagle_heads_features_so_its_engines_stay_compiled(monkeypatch, tiny_presets):
+    """compile: true on CPU with the preset's EAGLE head: the target's steps are built with the
+    head's feature layers, the "eagle" and "hybrid" engines run on them, and the models panel
+    does not say the target decodes eagerly. (torch.compile is the identity here, to keep this
+    fast; test_compiled_runner compiles for real.)"""
+    from specdec_core.compiled_runner import CompiledSteps
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    models = load_preset("tiny-eagle", tiny_presets.config, compile=True)
+    steps = models.target_runner
+    assert isinstance(steps, CompiledSteps) and steps.compiled
+    assert steps.feature_layers == models.eagle_head.layer_ids
+    baseline = greedy_ids(models, "none", PROMPTS[1])
+    for drafter in ("eagle", "hybrid"):
+        assert models.make_engine(drafter=drafter).make_runner is steps
+        assert greedy_ids(models, drafter, PROMPTS[1]) == baseline, drafter
+    head_line = models.describe().splitlines()[-1]
+    assert head_line.startswith("eagle head: ") and head_line.endswith("decode: eager")  # not "; the target decodes eagerly"
+
+
 def test_trust_remote_code_only_when_the_preset_opts_in(monkeypatch, tiny_presets):
     from transformers import AutoModelForCausalLM
 

@@ -79,25 +79,24 @@ def fitted_eagle_head(target, sequences: list[list[int]], steps: int = 30, seed:
     `sequences`; its draft vocabulary is exactly their tokens. Tests use it to see acceptance,
     which proves the features, positions and d2t mapping line up end to end."""
     from specdec_core.drafters import Eagle3Head
-    from specdec_core.features import FeatureTap
+    from specdec_core.features import feature_tap
 
     vocab = sorted({t for s in sequences for t in s})
     head = Eagle3Head.random(target.config, draft_vocab_size=len(vocab), seed=seed)
     head.set_draft_vocab(vocab)
     index = {t: i for i, t in enumerate(vocab)}
-    tap = FeatureTap(target, head.layer_ids)
+    tap = feature_tap(target, head.layer_ids)
     examples = []
     with torch.no_grad():
         for seq in sequences:
-            with tap:
-                logits = target(torch.tensor([seq])).logits[0]
+            tap.start()
+            logits = target(torch.tensor([seq])).logits[0]
             features = tap.take()
             nexts = logits.argmax(-1).tolist()  # nexts[j]: the target's token after position j
             # pair j (features j, token j+1) predicts the target's token after position j+1
             labels = [index.get(nexts[j + 1], -100) for j in range(len(seq) - 1)]
             embeds = target.get_input_embeddings()(torch.tensor([seq[1:]]))
             examples.append((features[:-1], embeds, torch.tensor(labels)))
-    tap.close()
     optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
     for _ in range(steps):
         for features, embeds, labels in examples:

@@ -13,7 +13,8 @@ layers (packed_linear): the methods differ only in how they decode.
 
 Every method is timed with the same wall clock around one whole generation. What each target
 forward did (how many tokens were drafted, how many kept) is read from the engine's own count
-for our methods (Stats.rounds: hooks don't fire inside compiled steps), and for Hugging Face's
+for our methods (Stats.rounds: a hook put on the model after compiling doesn't fire inside compiled
+steps), and for Hugging Face's
 from a forward pre-hook on the target that records the cache length and the number of input
 tokens of every call, which `rounds_from_trace` turns into (drafted, accepted) per round.
 """
@@ -258,7 +259,7 @@ def timed_run(method, prompt_ids: list[int], params: SamplingParams) -> Run:
         wall_s = time.perf_counter() - start
         return Run(method.name, token_ids, wall_s, [(0, 0)] * len(token_ids))
     if isinstance(method, OursMethod):
-        # Our engine counts its own rounds: hooks on the model don't fire inside compiled steps.
+        # Our engine counts its own rounds: a hook put on the model after compiling doesn't fire in compiled steps.
         start = time.perf_counter()
         token_ids = method.generate(prompt_ids, params)
         wall_s = time.perf_counter() - start

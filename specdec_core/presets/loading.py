@@ -111,8 +111,9 @@ class LoadedModels:
             raise LoadError(f"the models of preset {self.preset.name} were unloaded: load it again")
         drafter, draft_length, adaptive = self._settings(drafter, draft_length, adaptive)
         built = self._drafter(drafter)
-        # A drafter that reads the target's features needs eager target forwards (hooks).
-        target_runner = None if built is not None and built.feature_layers else self.target_runner
+        target_runner = self.target_runner
+        if built is not None and not _reads_features(target_runner, built.feature_layers):
+            target_runner = None  # the compiled steps can't hand it the target's features: eager forwards can
         return SpeculativeEngine(
             self.target,
             self.tokenizer,
@@ -126,7 +127,8 @@ class LoadedModels:
 
     def _kept_cache(self, role: str, model, runner: Callable | None):
         """The one KeptRunner of a model's cache on a decode path (`runner`: its make_runner,
-        None for the eager CachedModel; an EAGLE engine reads the target eagerly)."""
+        None for the eager CachedModel; an EAGLE engine on compiled steps that can't hand it
+        features reads the target eagerly)."""
         from ..runner import CachedModel, KeptRunner
 
         key = (role, runner)
@@ -180,9 +182,10 @@ class LoadedModels:
         for info in self.info:
             if info.role in runners:
                 lines.append(f"{info.line()}  decode: {_decode_path(*runners[info.role])}")
-            else:  # the EAGLE head runs eagerly, and so does the target under it (feature hooks)
+            else:  # the EAGLE head runs eagerly; the target under it as its steps allow
                 compiled = getattr(self.target_runner, "compiled", False)
-                target_path = "; the target decodes eagerly with it" if compiled else ""
+                eager_target = compiled and not _reads_features(self.target_runner, self.eagle_head.layer_ids)
+                target_path = "; the target decodes eagerly with it" if eager_target else ""
                 lines.append(f"{info.line()}  decode: eager{target_path}")
         return "\n".join(lines)
 
@@ -303,22 +306,22 @@ def load_preset(
         notes += gguf_notes
     if gguf_weight_summary(target):  # before compiling: the compiled steps keep it
         notes += _exact_rows(target)
-    setting = preset.compile if compile is None else compile
-    target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes)
-    info = [target_info, *info]
-    for role, model, runner in (("target", target, target_runner), ("draft", draft, draft_runner)):
-        if model is not None and runner is None:  # eager decoding; compiled steps pick their own kernels
-            notes += _pack_for_cpu(role, model, info)
     if load_eagle is None:
         load_eagle = preset.drafter in ("eagle", "hybrid")
-    eagle_head = eagle_problem = None
-    if preset.eagle is not None and load_eagle:
+    eagle_head = eagle_problem = eagle_info = None
+    if preset.eagle is not None and load_eagle:  # before compiling: the compiled steps read its features
         try:
             eagle_head, eagle_info = _load_eagle_head(preset, target, tokenizer)
-            info.append(eagle_info)
         except LoadError as error:
             eagle_problem = str(error)
             notes.append(f"EAGLE head unavailable: {eagle_problem}")
+    setting = preset.compile if compile is None else compile
+    feature_layers = eagle_head.layer_ids if eagle_head is not None else ()
+    target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes, feature_layers)
+    info = [target_info, *info, *([eagle_info] if eagle_info else [])]
+    for role, model, runner in (("target", target, target_runner), ("draft", draft, draft_runner)):
+        if model is not None and runner is None:  # eager decoding; compiled steps pick their own kernels
+            notes += _pack_for_cpu(role, model, info)
     return LoadedModels(
         preset=preset,
         tokenizer=tokenizer,
@@ -377,12 +380,13 @@ def _load_eagle_head(preset: Preset, target, tokenizer):
     return head, info
 
 
-def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: list[str]):
+def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: list[str],
+                    feature_layers: tuple[int, ...] = ()):
     """(target_runner, draft_runner): compiled steps when compiling is on, else None.
 
     On CUDA both models get a static cache and CUDA graphs (static_runner); on CPU the target
-    gets steps compiled with inductor's C++ wrapper on its growing cache (compiled_runner) and
-    a draft stays eager. Compiles and warms up every step shape now (with a progress bar), so
+    gets steps compiled with inductor's C++ wrapper on its growing cache (compiled_runner),
+    reading the target layers `feature_layers` for an EAGLE head too, and a draft stays eager. Compiles and warms up every step shape now (with a progress bar), so
     the first reply is not slow. A failure leaves that model eager: one log line and one note say why.
     """
     from ..policy import MAX_DRAFT_LENGTH
@@ -395,7 +399,7 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
 
         if draft is not None:
             notes.append("draft: decoding eagerly (on CPU only the target's steps are compiled)")
-        return _noted(notes, "target", CompiledSteps(target, name="target")), None
+        return _noted(notes, "target", CompiledSteps(target, name="target", feature_layers=feature_layers)), None
     verify_sizes = step_buckets(max(MAX_DRAFT_LENGTH, preset.draft_length) + 1)  # 1 token, and k+1 padded up
     runners = []
     for role, model, sizes in (("target", target, verify_sizes), ("draft", draft, DRAFT_STEP_SIZES)):
@@ -410,6 +414,15 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
             continue
         runners.append(_noted(notes, role, steps))
     return tuple(runners)
+
+
+def _reads_features(runner, layer_ids: tuple[int, ...]) -> bool:
+    """Whether engines on `runner` (a make_runner; None: eager) hand a drafter reading the target
+    layers `layer_ids` its features: eager forwards always do (hooks); compiled steps only
+    when compiled with them (CompiledSteps.reads_features); CUDA graphs don't."""
+    if not layer_ids or runner is None or not getattr(runner, "compiled", False):
+        return True
+    return getattr(runner, "reads_features", lambda layers: False)(layer_ids)
 
 
 def _noted(notes: list[str], role: str, steps):
