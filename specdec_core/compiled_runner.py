@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from .features import feature_tap, settle_features
+from .features import feature_tap, settle_features, start_features
 from .row_attention import MAX_ROWS
 from .runner import CachedModel, GrowingLayer, cache_kwargs
 from .static_runner import EAGER_DYNAMIC, PAD_TOKEN, allow_a_graph_per_shape, compile_failed, model_name
@@ -155,6 +155,7 @@ class CompiledRunner(CachedModel):
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         if not token_ids or len(token_ids) > MAX_ROWS:  # a prompt: read eagerly, as every method reads it
             return super().forward(token_ids, last_only)
+        start_features(self.model)  # the pieces settle their rows into the taps: one forward's worth
         rows = [self._step(piece) for piece in self._pieces(token_ids)]
         logits = rows[0] if len(rows) == 1 else torch.cat(rows)
         return logits[-1:] if last_only else logits

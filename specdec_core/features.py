@@ -49,6 +49,13 @@ def feature_tap(model, layer_ids: tuple[int, ...]) -> FeatureTap:
     return taps[layer_ids]
 
 
+def start_features(model) -> None:
+    """A forward in several model calls begins: each of the model's taps captures it afresh, so
+    what a tap holds stays one forward's rows even when no engine reads that tap."""
+    for tap in _TAPS.get(model, {}).values():
+        tap.start()
+
+
 def settle_features(model, rows: int) -> None:
     """The model call just made is one part of a longer forward: keep the first `rows` rows it
     left in each of the model's taps, before the next call overwrites them."""

@@ -183,8 +183,7 @@ class LoadedModels:
             if info.role in runners:
                 lines.append(f"{info.line()}  decode: {_decode_path(*runners[info.role])}")
             else:  # the EAGLE head runs eagerly; the target under it as its steps allow
-                compiled = getattr(self.target_runner, "compiled", False)
-                eager_target = compiled and not _reads_features(self.target_runner, self.eagle_head.layer_ids)
+                eager_target = not _reads_features(self.target_runner, self.eagle_head.layer_ids)
                 target_path = "; the target decodes eagerly with it" if eager_target else ""
                 lines.append(f"{info.line()}  decode: eager{target_path}")
         return "\n".join(lines)
