@@ -48,16 +48,29 @@ def _average(old: float | None, new: float) -> float:
 @dataclass
 class StepCosts:
     """Running averages of measured times: target forwards by token count, drafting per token,
-    and the drafter's catch-up per token read."""
+    and the drafter's catch-up per token read.
+
+    A forward over n > 1 tokens is remembered relative to the 1-token step of its time, and
+    priced at that ratio times the current 1-token step. Plain steps come every few rounds and
+    follow the context as it grows; a verify size may not have run since the context was much
+    shorter (an engine keeps its costs across replies), and its seconds from then would make
+    drafting look cheap on a long prompt: 12.6 ms remembered against 17.2 ms measured there.
+    """
 
     target_s: dict[int, float] = field(default_factory=dict)  # tokens in the forward -> seconds
     draft_s_per_token: float | None = None
     catch_up_s_per_token: float | None = None
     timed: bool = True  # False: records nothing, so every choice made from these stays untimed
+    # tokens (> 1) -> the forward's time over the 1-token step's average when it ran
+    relative: dict[int, float] = field(default_factory=dict)
 
     def record_target(self, tokens: int, seconds: float) -> None:
-        if self.timed:
-            self.target_s[tokens] = _average(self.target_s.get(tokens), seconds)
+        if not self.timed:
+            return
+        self.target_s[tokens] = _average(self.target_s.get(tokens), seconds)
+        step = self.target_s.get(1)
+        if tokens > 1 and step:
+            self.relative[tokens] = _average(self.relative.get(tokens), seconds / step)
 
     def record_draft(self, tokens: int, seconds: float) -> None:
         if tokens and self.timed:
@@ -81,12 +94,16 @@ class StepCosts:
         int4 CPU kernel works in blocks of 4 rows, so a forward over 5 tokens costs 1.35x one
         over 4 (and 4 tokens only 1.3x one), and no line through 1 and 9 tokens shows that.
         """
-        if tokens in self.target_s:
-            return self.target_s[tokens]
-        if len(self.target_s) < 2:
+        if len(self.target_s) < 2 and tokens not in self.target_s:
             return None
-        below = [n for n in self.target_s if n < tokens]
-        return self.target_s[max(below)] if below else self.target_s[min(self.target_s)]
+        below = [n for n in self.target_s if n <= tokens]
+        return self._priced(max(below) if below else min(self.target_s))
+
+    def _priced(self, tokens: int) -> float:
+        """A measured size's time now: its ratio to the current 1-token step where it has one."""
+        if tokens in self.relative and 1 in self.target_s:
+            return self.relative[tokens] * self.target_s[1]
+        return self.target_s[tokens]
 
     def catch_up(self, tokens: int) -> float:
         """Time for the drafter to read `tokens` it missed; until measured, priced as drafting

@@ -145,6 +145,24 @@ def test_an_unmeasured_size_is_priced_as_the_measured_one_below_it():
     assert StepCosts(target_s={1: 0.01}).target(4) is None
 
 
+
+def test_a_verify_size_is_priced_relative_to_the_current_plain_step():
+    # Measured on a short context: plain 10 ms, a verify of 2 tokens 12 ms. Replies later the
+    # context is long and plain steps take 13 ms; the 2-token verify has not run since. Priced
+    # at its old seconds it would cost 0.92 of a plain step and a weak head would look worth
+    # drafting; priced at its ratio it costs 1.2, as it does there.
+    costs = StepCosts(draft_s_per_token=0.0025)
+    costs.record_target(1, 0.010)
+    costs.record_target(2, 0.012)
+    for _ in range(40):
+        costs.record_target(1, 0.013)
+    assert abs(costs.target(2) - 1.2 * 0.013) < 1e-6
+    assert abs(costs.target(3) - costs.target(2)) < 1e-12  # the measured size below, priced the same way
+    policy = DraftLengthPolicy(k=1)
+    policy.costs = costs
+    expect(policy, 0.35)  # one draft: 1.35 tokens for 1.2 + 0.19 steps, a loss
+    assert policy.next_draft_length(room=100) == 0
+
 # torch's int4 CPU kernel in the 4-bit offline target (ms per forward over n tokens, 2 threads,
 # scripts/cpu_weights_costs.py; 7 set between its neighbours): it works in blocks of 4 rows, so
 # 5 tokens cost far more than 4.
