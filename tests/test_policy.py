@@ -145,7 +145,6 @@ def test_an_unmeasured_size_is_priced_as_the_measured_one_below_it():
     assert StepCosts(target_s={1: 0.01}).target(4) is None
 
 
-
 def test_a_verify_size_is_priced_relative_to_the_current_plain_step():
     # Measured on a short context: plain 10 ms, a verify of 2 tokens 12 ms. Replies later the
     # context is long and plain steps take 13 ms; the 2-token verify has not run since. Priced
@@ -162,6 +161,7 @@ def test_a_verify_size_is_priced_relative_to_the_current_plain_step():
     policy.costs = costs
     expect(policy, 0.35)  # one draft: 1.35 tokens for 1.2 + 0.19 steps, a loss
     assert policy.next_draft_length(room=100) == 0
+
 
 # torch's int4 CPU kernel in the 4-bit offline target (ms per forward over n tokens, 2 threads,
 # scripts/cpu_weights_costs.py; 7 set between its neighbours): it works in blocks of 4 rows, so
