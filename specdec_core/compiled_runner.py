@@ -24,8 +24,8 @@ shapes: the context length is a symbol, and one graph per step size serves every
   settled into the tap, padding left out.
 - Compiling takes minutes on two cores the first time (about 4 for SmolLM2's four step sizes
   on the Intel Xeon VM); inductor keeps what it compiled on disk (its cache folder,
-  TORCHINDUCTOR_CACHE_DIR), and a later start takes a minute or two. So it is opt-in on CPU (`compile: true`); `compile: auto` leaves
-  CPUs eager.
+  TORCHINDUCTOR_CACHE_DIR), and a later start takes a minute or two. So it is opt-in on CPU
+  (`compile: true`); `compile: auto` leaves CPUs eager.
 
 `CompiledSteps(model)` compiles (warms up) every bucket when it is built; calling it returns a
 CompiledRunner, CachedModel with compiled steps, so it is the `make_runner` hook of
