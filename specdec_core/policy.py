@@ -46,9 +46,47 @@ def _average(old: float | None, new: float) -> float:
 
 
 @dataclass
+class LineFit:
+    """seconds = fixed + per_token * tokens, fitted by least squares to recent samples (each
+    older sample's weight fading by _SMOOTHING per new one).
+
+    A drafter reads the tokens it missed in one batched pass: a fixed cost (the pass) and a small
+    one per token. A rate per token alone misprices both ends (the offline EAGLE head: 659 tokens
+    priced at 187 ms took 38, one token priced at 0.2 ms took 1.8), and overpriced catch-ups kept a
+    paused head from ever being probed again. Until samples of two sizes are in, seconds are taken
+    as proportional to tokens."""
+
+    weight: float = 0.0  # the samples' weights and their weighted sums
+    tokens: float = 0.0
+    seconds: float = 0.0
+    tokens_squared: float = 0.0
+    tokens_seconds: float = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        keep = 1 - _SMOOTHING
+        self.weight = keep * self.weight + 1
+        self.tokens = keep * self.tokens + tokens
+        self.seconds = keep * self.seconds + seconds
+        self.tokens_squared = keep * self.tokens_squared + tokens * tokens
+        self.tokens_seconds = keep * self.tokens_seconds + tokens * seconds
+
+    def at(self, tokens: int) -> float | None:
+        """The fitted seconds for `tokens` (None before any sample)."""
+        if not self.weight:
+            return None
+        mean_tokens, mean_seconds = self.tokens / self.weight, self.seconds / self.weight
+        spread = self.tokens_squared / self.weight - mean_tokens**2
+        if spread <= (0.01 * mean_tokens) ** 2:  # one size seen: no slope to fit
+            return tokens * mean_seconds / mean_tokens
+        per_token = max((self.tokens_seconds / self.weight - mean_tokens * mean_seconds) / spread, 0.0)
+        fixed = max(mean_seconds - per_token * mean_tokens, 0.0)
+        return fixed + per_token * tokens
+
+
+@dataclass
 class StepCosts:
     """Running averages of measured times: target forwards by token count, drafting per token,
-    and the drafter's catch-up per token read.
+    and the drafter's catch-up by tokens read (a line: one pass plus a cost per token).
 
     A forward over n > 1 tokens is remembered relative to the 1-token step of its time, and
     priced at that ratio times the current 1-token step. Plain steps come every few rounds and
@@ -59,7 +97,7 @@ class StepCosts:
 
     target_s: dict[int, float] = field(default_factory=dict)  # tokens in the forward -> seconds
     draft_s_per_token: float | None = None
-    catch_up_s_per_token: float | None = None
+    catch_up_seconds: LineFit = field(default_factory=LineFit)  # tokens read -> seconds
     timed: bool = True  # False: records nothing, so every choice made from these stays untimed
     # tokens (> 1) -> the forward's time over the 1-token step's average when it ran
     relative: dict[int, float] = field(default_factory=dict)
@@ -78,7 +116,7 @@ class StepCosts:
 
     def record_catch_up(self, tokens: int, seconds: float) -> None:
         if tokens and self.timed:
-            self.catch_up_s_per_token = _average(self.catch_up_s_per_token, seconds / tokens)
+            self.catch_up_seconds.add(tokens, seconds)
 
     def drafting_measured(self) -> bool:
         """Whether a drafting round was timed, so every round length can be priced."""
@@ -108,10 +146,8 @@ class StepCosts:
     def catch_up(self, tokens: int) -> float:
         """Time for the drafter to read `tokens` it missed; until measured, priced as drafting
         them one by one (an overestimate: reading is batched), so a probe is never underpriced."""
-        per_token = self.catch_up_s_per_token
-        if per_token is None:
-            per_token = self.draft_s_per_token or 0.0
-        return tokens * per_token
+        measured = self.catch_up_seconds.at(tokens)
+        return tokens * (self.draft_s_per_token or 0.0) if measured is None else measured
 
 
 @dataclass

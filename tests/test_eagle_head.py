@@ -140,3 +140,16 @@ def test_broken_heads_fail_with_one_line(tmp_path, damage):
     with pytest.raises(LoadError) as raised:
         Eagle3Head.load(folder)
     assert "\n" not in str(raised.value)
+
+
+def test_the_rows_a_head_has_yet_to_read_queue_in_order():
+    from specdec_core.drafters.eagle import _Rows
+
+    rows = _Rows()
+    for chunk in ([0, 1, 2], [3], [4, 5], []):  # the features of positions 0..5, as rounds add them
+        rows.append(torch.tensor(chunk, dtype=torch.float32)[:, None])
+    assert len(rows) == 6
+    assert rows.pop(2)[:, 0].tolist() == [0, 1]
+    rows.keep(3)  # a new sequence agrees up to position 4: rows 2, 3, 4 stay
+    assert len(rows) == 3 and rows.pop(3)[:, 0].tolist() == [2, 3, 4]
+    assert len(rows) == 0

@@ -128,11 +128,11 @@ def test_the_draft_catches_up_apart_and_a_kept_engine_spares_it_when_drafting_do
     engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter)
     engine.generate(long_prompt, greedy(8))  # the first reply tries the draft: it catches up
     costs = engine.policy.costs
-    assert costs.catch_up_s_per_token is not None
+    assert costs.catch_up_seconds.weight > 0
     costs.draft_s_per_token = 10 * costs.target(1)  # now drafting plainly can't pay
-    catch_ups = costs.catch_up_s_per_token
+    catch_ups = costs.catch_up_seconds.weight
     engine.generate(list(range(500, 800)), greedy(8))  # a new long prompt: the draft would read it all
-    assert engine.stats.drafted_tokens == 0 and costs.catch_up_s_per_token == catch_ups  # no probe
+    assert engine.stats.drafted_tokens == 0 and costs.catch_up_seconds.weight == catch_ups  # no probe
 
 
 def test_stats_add_up(target, smol_tokenizer, prompt_ids):
@@ -381,7 +381,7 @@ def test_an_eagle_head_reads_a_new_prompt_as_catch_up(target, smol_tokenizer):
     with head_pairs_read(eagle) as reads:
         engine.generate(prompt, greedy(4))
     assert reads[0] == len(prompt) - 1  # one batched pass over the prompt's pairs: the catch-up
-    assert engine.policy.costs.catch_up_s_per_token is not None  # timed as catch-up
+    assert engine.policy.costs.catch_up_seconds.weight > 0  # timed as catch-up
     assert max(reads[1:]) <= 1 + 3  # then each round: the accepted positions, the draft steps
 
 

@@ -113,6 +113,39 @@ def test_an_unmeasured_catch_up_is_priced_as_drafting_each_token():
     assert costs.catch_up(100) == pytest.approx(0.1)
 
 
+def test_a_catch_up_is_priced_as_one_pass_plus_a_cost_per_token():
+    costs = StepCosts(draft_s_per_token=0.002)
+    for tokens in (1, 659, 18, 84):  # the offline EAGLE head's: about 3 ms a pass, 0.05 ms a token
+        costs.record_catch_up(tokens, seconds=0.003 + 0.00005 * tokens)
+    assert costs.catch_up(300) == pytest.approx(0.003 + 0.015)
+    assert costs.catch_up(1) == pytest.approx(0.00305)
+
+
+def test_a_catch_up_whose_time_does_not_grow_with_its_size_is_priced_flat():
+    costs = StepCosts()
+    for tokens in (10, 100, 10, 100):
+        costs.record_catch_up(tokens, seconds=0.004)
+    assert costs.catch_up(1000) == pytest.approx(0.004)
+
+
+def test_a_paused_drafter_is_probed_though_what_it_must_read_grows_every_round():
+    policy = calibrated(acceptance=0.3, draft_per_token=0.009)  # a probe's round loses 45.7 ms
+    for tokens in (2, 200):
+        policy.costs.record_catch_up(tokens, seconds=0.003 + 0.00005 * tokens)
+    # Each plain round puts 0.2 ms aside and leaves one more token (0.05 ms) to read: the probe
+    # (45.7 + 3 + 0.05 * rounds ms) is paid for after 325 rounds. Priced at a running rate per
+    # token of these two samples (1.2 ms), reading would outgrow the savings: never.
+    rounds = next(n for n in range(100_000) if probed_after_plain_round(policy, lag=n))
+    assert rounds == 325
+
+
+def probed_after_plain_round(policy, lag, step=0.010):
+    if policy.next_draft_length(room=1000, lag=lag) > 0:
+        return True
+    policy.update(drafted=0, accepted=0, draft_s=0.0, verify_s=step)
+    return False
+
+
 def test_drafts_after_a_catch_up_only_if_the_tokens_left_repay_it():
     policy = calibrated(acceptance=0.8, draft_per_token=0.001)
     policy.costs.record_catch_up(tokens=100, seconds=0.1)

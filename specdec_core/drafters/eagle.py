@@ -80,15 +80,14 @@ class EagleDrafter(Drafter):
         valid_pairs = min(self._pairs, max(shared - 1, 0))  # pair j also reads token j+1
         if valid_pairs < self._pairs:
             self._crop(valid_pairs)
-            self._pending = None  # began after the pairs just dropped
-        elif self._pending is not None:
-            keep = max(min(len(self._pending), shared - self._pairs), 0)
-            self._pending = self._pending[:keep] if keep else None
+            self._pending.keep(0)  # began after the pairs just dropped
+        else:
+            self._pending.keep(max(shared - self._pairs, 0))
         self._tokens = list(prompt_ids)
         self._fresh = 0
 
     def features_from(self) -> int:
-        return self._pairs + self._pending_rows
+        return self._pairs + len(self._pending)
 
     def observe(self, features: torch.Tensor, position: int) -> None:
         have = self.features_from()
@@ -100,8 +99,7 @@ class EagleDrafter(Drafter):
         # Rows of the prompt (the prefill) are catch-up; a verify's rows are read by the next round.
         in_prompt = position + len(features) <= len(self._tokens) - 1
         self._fresh = 0 if in_prompt else len(new)
-        if len(new):
-            self._pending = new if self._pending is None else torch.cat([self._pending, new])
+        self._pending.append(new)
 
     def lag(self, context: list[int]) -> int:
         # The positions the last verify produced are read by the round itself; older ones
@@ -147,32 +145,28 @@ class EagleDrafter(Drafter):
         self._cache = growing_cache(self.head.config)
         self._pairs = 0  # pairs (features j, token j+1) the head's cache holds: j = 0 .. pairs-1
         self._last_out: torch.Tensor | None = None  # [H] the head's output at the last pair
-        self._pending: torch.Tensor | None = None  # [p, F] features of positions pairs .. pairs+p-1
+        self._pending = _Rows()  # [p, F] features of positions pairs .. pairs+p-1
         self._tokens: list[int] = []  # the sequence all this belongs to
         self._fresh = 0  # rows of the latest observe (the last verify's)
         self._blind = False
 
-    @property
-    def _pending_rows(self) -> int:
-        return 0 if self._pending is None else len(self._pending)
-
     def _readable(self, context: list[int]) -> int:
         """Pending pairs whose next token is already in the context."""
-        return max(min(self._pending_rows, len(context) - 1 - self._pairs), 0)
+        return max(min(len(self._pending), len(context) - 1 - self._pairs), 0)
 
     def _read(self, context: list[int], count: int) -> None:
         """Feed the head the next `count` pending pairs in one pass."""
         if count <= 0:
             return
         start = self._pairs
-        tokens = torch.tensor([context[start + 1 : start + 1 + count]], device=self._pending.device)
+        features = self._pending.pop(count)
+        tokens = torch.tensor([context[start + 1 : start + 1 + count]], device=features.device)
         with torch.inference_mode():
-            hidden = self.head.project(self._pending[:count])[None]
+            hidden = self.head.project(features)[None]
             out = self.head(self._embed(tokens), hidden, self._cache)
         self._last_out = out[0, -1]
         self._pairs += count
-        self._pending = self._pending[count:] if count < len(self._pending) else None
-        self._fresh = min(self._fresh, self._pending_rows)
+        self._fresh = min(self._fresh, len(self._pending))
 
     def _crop(self, pairs: int) -> None:
         """Keep the first `pairs` pairs (a new sequence that agrees only that far)."""
@@ -199,6 +193,42 @@ class EagleDrafter(Drafter):
         on_target[self._target_ids] = logits  # q = 0 on tokens outside the draft vocabulary
         dist = probabilities(on_target.float(), params)
         return sample(dist, generator), dist
+
+
+class _Rows:
+    """A queue of feature rows, kept as the chunks they came in: a round appends a few rows while
+    the head is paused, and joining them into one tensor each time would copy them all again
+    (about 0.5 ms a round at 900 pending rows); they are joined once, when the head reads them."""
+
+    def __init__(self) -> None:
+        self._chunks: list[torch.Tensor] = []
+        self._rows = 0
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def append(self, rows: torch.Tensor) -> None:
+        if len(rows):
+            self._chunks.append(rows)
+            self._rows += len(rows)
+
+    def keep(self, count: int) -> None:
+        """Drop every row after the first `count`."""
+        if count < self._rows:
+            self._chunks = [self._join()[:count]] if count > 0 else []
+            self._rows = max(count, 0)
+
+    def pop(self, count: int) -> torch.Tensor:
+        """Remove and return the first `count` rows (0 < count <= len)."""
+        joined = self._join()
+        rest = joined[count:]
+        self._chunks, self._rows = ([rest] if len(rest) else []), len(rest)
+        return joined[:count]
+
+    def _join(self) -> torch.Tensor:
+        if len(self._chunks) > 1:
+            self._chunks = [torch.cat(self._chunks)]
+        return self._chunks[0]
 
 
 def head_folder(path_or_hub_id: str | Path, local_files_only: bool = False) -> Path:
