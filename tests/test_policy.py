@@ -78,10 +78,11 @@ def test_drafts_when_it_pays():
     assert calibrated(acceptance=0.8, draft_per_token=0.0).next_draft_length(room=10) > 5
 
 
-def plain_rounds_until_probe(policy, step=0.010, lag=0, limit=100_000):
-    """Feed the policy plain rounds until it asks for a probe; how many it took."""
+def plain_rounds_until_probe(policy, step=0.010, lag=0, limit=100_000, lag_per_round=0):
+    """Feed the policy plain rounds until it asks for a probe; how many it took. The drafter
+    misses `lag_per_round` more tokens with each plain round (a paused head: one)."""
     for rounds in range(limit):
-        if policy.next_draft_length(room=1000, lag=lag) > 0:
+        if policy.next_draft_length(room=1000, lag=lag + lag_per_round * rounds) > 0:
             return rounds
         policy.update(drafted=0, accepted=0, draft_s=0.0, verify_s=step)
     raise AssertionError("never probed")
@@ -135,15 +136,8 @@ def test_a_paused_drafter_is_probed_though_what_it_must_read_grows_every_round()
     # Each plain round puts 0.2 ms aside and leaves one more token (0.05 ms) to read: the probe
     # (45.7 + 3 + 0.05 * rounds ms) is paid for after 325 rounds. Priced at a running rate per
     # token of these two samples (1.2 ms), reading would outgrow the savings: never.
-    rounds = next(n for n in range(100_000) if probed_after_plain_round(policy, lag=n))
+    rounds = plain_rounds_until_probe(policy, lag_per_round=1)
     assert rounds == 325
-
-
-def probed_after_plain_round(policy, lag, step=0.010):
-    if policy.next_draft_length(room=1000, lag=lag) > 0:
-        return True
-    policy.update(drafted=0, accepted=0, draft_s=0.0, verify_s=step)
-    return False
 
 
 def test_drafts_after_a_catch_up_only_if_the_tokens_left_repay_it():
