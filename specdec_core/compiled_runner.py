@@ -22,6 +22,9 @@ shapes: the context length is a symbol, and one graph per step size serves every
   FeatureTap on those layers already in place (features.py), so the compiled graphs hand the
   head its features too and its engines keep the compiled target. Each piece's rows are
   settled into the tap, padding left out.
+- Dynamo's guards inside the model are skipped (checking them took a tenth of a 1-token step),
+  so each CompiledSteps compiles its own copy of the step's code: no other model is ever handed
+  its graphs.
 - Compiling takes minutes on two cores the first time (about 4 for SmolLM2's four step sizes
   on the Intel Xeon VM); inductor keeps what it compiled on disk (its cache folder,
   TORCHINDUCTOR_CACHE_DIR), and a later start takes a minute or two. So it is opt-in on CPU
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
+import types
 
 import torch
 
@@ -58,6 +62,13 @@ _WARMUP_CONTEXT = 37
 # SmolLM2's steps on two cores that compiles in a third of the time (136 s against 403 for two
 # step sizes, cold), and the steps ran as fast (9.2-9.3 against 9.5-10.3 ms a 1-token step).
 _INDUCTOR_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
+# Before each call dynamo checks its guards: by default thousands on the model's modules (their
+# hooks, attributes, the type and shape of each of their 270 tensors). On SmolLM2's 1-token step
+# on two cores that took 1.5 ms of 12 (interleaved, median of 60: 12.0 ms with them, 10.5
+# without). The steps belong to one model, prepared before compiling (4-bit layers, row-exact
+# attention, the EAGLE head's feature tap) and not changed after, so only the guards inside its
+# modules are skipped; those on the step's input and the cache stay. (torch >= 2.7 has the filter.)
+_SKIP_GUARDS_INSIDE_THE_MODEL = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
 
 
 class CompiledSteps:
@@ -77,8 +88,11 @@ class CompiledSteps:
         self.warmup_s = 0.0
         (self._cache_keyword,) = cache_kwargs(model, None)  # looked up here, not inside the compiled step
         allow_a_graph_per_shape()
+        options = dict(_INDUCTOR_OPTIONS)
+        if _SKIP_GUARDS_INSIDE_THE_MODEL is not None:
+            options["guard_filter_fn"] = _SKIP_GUARDS_INSIDE_THE_MODEL
         try:
-            self._step = torch.compile(self._logits, dynamic=True, options=_INDUCTOR_OPTIONS)
+            self._step = torch.compile(_with_own_code(self._logits), dynamic=True, options=options)
         except Exception as error:  # torch.compile unavailable here
             self._fall_back(error)
         if warmup:
@@ -144,6 +158,16 @@ class CompiledSteps:
             self.fallback_reason = compile_failed(logger, self.name, error)
 
 
+def _with_own_code(method):
+    """The bound `method` on a copy of its code object. Dynamo keeps compiled graphs per code
+    object: with the guards inside the model skipped, another model of the same shape stepped
+    through shared code could be handed this one's graphs, built for other modules."""
+    function = method.__func__
+    copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
+    return types.MethodType(copy, method.__self__)
+
+
 class CompiledRunner(CachedModel):
     """CachedModel whose steps of up to MAX_ROWS tokens run on CompiledSteps' graphs."""
 
@@ -176,7 +200,7 @@ class CompiledRunner(CachedModel):
         if logits is None:  # no context yet, or compiling failed (then this and later steps run eagerly)
             logits = super().forward(piece)
         else:
-            self.crop(length + len(piece))  # forget the padding's keys and values
+            self._hold(length + len(piece))  # the piece's keys and values, not the padding's
         settle_features(self.model, len(piece))  # the features of this piece's tokens, not the padding's
         return logits.float()
 
@@ -185,3 +209,12 @@ class CompiledRunner(CachedModel):
         for layer in self.cache.layers:
             if isinstance(layer, GrowingLayer):
                 layer.reserve(tokens)
+
+    def _hold(self, length: int) -> None:
+        """After a compiled step: every layer holds the first `length` tokens (growing layers
+        leave their views to this; others keep what they wrote, the padding cropped)."""
+        for layer in self.cache.layers:
+            if isinstance(layer, GrowingLayer):
+                layer.hold(length)
+            elif layer.get_seq_length() > length:
+                layer.crop(length - layer.get_seq_length())

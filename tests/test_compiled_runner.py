@@ -142,6 +142,24 @@ def test_a_tap_no_engine_reads_holds_only_the_last_forwards_rows(compiled, smol_
     assert rows is not None and len(rows) <= MAX_ROWS  # the last verify's rows, not every step's since the prompt
 
 
+def test_each_models_steps_are_its_own_though_the_guards_inside_models_are_skipped(compiled):
+    """The steps skip dynamo's guards inside the model (their cost is a tenth of a step), so no
+    two models may share compiled graphs: the same weights with another activation get theirs."""
+    model, steps = compiled
+    other = _int4_tiny_llama(seed=21)  # the fixture's weights,
+    for layer in other.model.layers:
+        layer.mlp.act_fn = torch.nn.ReLU()  # another computation inside the modules
+    assert use_row_exact_attention(other) is None
+    other_steps = CompiledSteps(other, step_sizes=(1,), progress=False)
+    prompt, token = _tokens(40, 20), _tokens(41, 1)
+    rows = {}
+    for name, reader in (("model", steps()), ("other", other_steps()), ("other eager", CachedModel(other))):
+        reader.forward(prompt, last_only=True)
+        rows[name] = reader.forward(token)[0]
+    assert other_steps.compiled and not torch.allclose(rows["other"], rows["model"], atol=0.5)
+    torch.testing.assert_close(rows["other"], rows["other eager"], rtol=0, atol=0.1)
+
+
 def test_where_compiling_fails_it_decodes_eagerly_and_says_why_once(monkeypatch, caplog):
     def unavailable(*args, **kwargs):
         raise RuntimeError("torch.compile is not available on this machine")
