@@ -44,7 +44,7 @@ class GrowingLayer(DynamicLayer):
         self.device = key_states.device
         self._key_room = key_states.new_empty(key_states.shape[:-2] + (0, key_states.shape[-1]))
         self._value_room = value_states.new_empty(value_states.shape[:-2] + (0, value_states.shape[-1]))
-        self._view(0)
+        self.hold(0)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -60,12 +60,8 @@ class GrowingLayer(DynamicLayer):
             # stored here would be one more output of the graph for each layer's keys and values,
             # rebuilt and assigned after every call (0.5 ms of SmolLM2's 10 ms step on two cores).
             return self._key_room[..., :end, :], self._value_room[..., :end, :]
-        self._view(end)
+        self.hold(end)
         return self.keys, self.values
-
-    def hold(self, length: int) -> None:
-        """Hand out the first `length` tokens written into the room (after a compiled step)."""
-        self._view(length)
 
     def reserve(self, tokens: int) -> None:
         """Room for `tokens` more tokens (a compiled step must not grow the cache itself)."""
@@ -76,7 +72,7 @@ class GrowingLayer(DynamicLayer):
         if filled + tokens >= self._key_room.shape[-2]:
             self._key_room = _grown(self._key_room, filled, filled + tokens + 1)
             self._value_room = _grown(self._value_room, filled, filled + tokens + 1)
-            self._view(filled)
+            self.hold(filled)
 
     def get_seq_length(self) -> int:
         return self.keys.shape[-2] if self.is_initialized else 0
@@ -86,9 +82,11 @@ class GrowingLayer(DynamicLayer):
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of tokens to remove, got {tokens_to_remove}")
         if tokens_to_remove and self.is_initialized:
-            self._view(max(0, self.get_seq_length() + tokens_to_remove))
+            self.hold(max(0, self.get_seq_length() + tokens_to_remove))
 
-    def _view(self, length: int) -> None:
+    def hold(self, length: int) -> None:
+        """Hand out the first `length` tokens written into the room as the layer's keys and values
+        (a crop, a growth, and after a compiled step, which leaves this to its caller)."""
         self.keys = self._key_room[..., :length, :]
         self.values = self._value_room[..., :length, :]
 
