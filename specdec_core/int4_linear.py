@@ -45,6 +45,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .gguf_index import read_tensors
+
 GROUP = 32  # weights per GGUF block of Q4_0 / Q4_1 / Q8_0, and the kernel's group size
 _INNER_K_TILES = 2  # a packing parameter of the GPU kernel; the CPU packing ignores its value
 _KERNEL_DTYPE = torch.bfloat16
@@ -53,6 +55,7 @@ _KERNEL_DTYPE = torch.bfloat16
 _DECODE_RTOL, _DECODE_ATOL = 1e-6, 1e-7  # of the largest weight of the tensor
 _CHECK_STRIDE = 5  # rows checked: 0, 5, 10, ... (coprime with the rope pairing of q/k rows)
 HANDLED_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+_ARCHITECTURE = "general.architecture"
 _KERNEL_OPS = ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu")  # torch >= 2.6
 
 
@@ -279,15 +282,13 @@ def _gguf_tensors_by_parameter(model: nn.Module, path: Path) -> dict[str, tuple[
 
 @lru_cache(maxsize=4)
 def _gguf_file(path: str, size: int, mtime_ns: int) -> tuple[str, list[tuple[str, str, np.ndarray]]]:
-    """(architecture, [(tensor name, GGUF type name, raw data memory-mapped)]) of one version of a
-    GGUF file (size and mtime tell versions apart). Kept per process: gguf's reader parses every
-    metadata field, the tokenizer's 49,152 tokens and merges included (3.3 s for SmolLM2-135M on
-    a 2-core CPU), and the app loads a preset again whenever the user switches back to it."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    tensors = [(tensor.name, tensor.tensor_type.name, np.asarray(tensor.data)) for tensor in reader.tensors]
-    return _field_text(reader, "general.architecture"), tensors
+    """(architecture, [(tensor name, GGUF type name, raw rows memory-mapped)]) of one version of
+    a GGUF file (size and mtime tell versions apart). Kept per process: the app loads a preset
+    again whenever the user switches back to it."""
+    tensors, fields = read_tensors(path, keep_fields=(_ARCHITECTURE,))
+    if _ARCHITECTURE not in fields:
+        raise KeyError(f"{Path(path).name} names no {_ARCHITECTURE}")
+    return fields[_ARCHITECTURE], [(tensor.name, tensor.type_name, tensor.rows) for tensor in tensors]
 
 
 def _tied_head_name(model: nn.Module) -> tuple[str, str] | None:
@@ -305,11 +306,6 @@ def gguf_version() -> str:
     from importlib.metadata import version
 
     return version("gguf")
-
-
-def _field_text(reader, key: str) -> str:
-    field = reader.fields[key]
-    return bytes(field.parts[field.data[0]]).decode()
 
 
 def _first_line(error: BaseException) -> str:

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from ..gguf_index import read_tensors
 from ..int4_linear import Int4Linear
 from ..packed_linear import PackedLinear
 
@@ -61,9 +62,8 @@ def measure_read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
 def gguf_bytes_per_step(path) -> int:
     """Bytes of a GGUF file's tensors, as llama.cpp reads them per step (its tied head reads the
     whole token embedding)."""
-    from gguf import GGUFReader
-
-    return int(sum(int(tensor.n_bytes) for tensor in GGUFReader(str(path)).tensors))
+    tensors, _ = read_tensors(path)
+    return int(sum(tensor.rows.nbytes for tensor in tensors))
 
 
 def bandwidth_ceiling(
