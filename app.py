@@ -29,13 +29,14 @@ import app_speedup as S
 from specdec_core import SamplingParams
 from specdec_core.chat import chat_prompt_ids
 from specdec_core.presets.config import ConfigError, load_presets
-from specdec_core.errors import DeviceBusy
+from specdec_core.errors import DeviceBusy, LoadError
 from specdec_core.events import LENGTH_CONTEXT
 from specdec_core.int4_linear import Int4Linear
 from specdec_core.policy import DRAFT_LENGTH_BOUNDS
 from specdec_core.row_attention import uses_row_exact_attention
 from specdec_core.presets.holder import Cancelled, ModelHolder
-from specdec_core.presets.loading import LoadedModels, LoadError, load_preset
+from specdec_core.presets.loaded import LoadedModels
+from specdec_core.presets.loading import load_preset
 from specdec_core.serve import API_KEY_ENV, ApiAccess, access_for, api_routes
 
 log = logging.getLogger("specdec.app")

@@ -6,7 +6,6 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from specdec_core import EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
 from specdec_core.bench.methods import trace_forwards

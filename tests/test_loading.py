@@ -12,14 +12,11 @@ from specdec_core import SOURCES, SamplingParams
 from specdec_core.presets import sources as sources_module
 from specdec_core.chat import chat_prompt_ids
 from specdec_core.presets.config import load_config
-from specdec_core.presets.loading import (
-    LoadError,
-    choose_auto_preset,
-    draft_quantization,
-    explain_load_error,
-    load_preset,
-    unload,
-)
+from specdec_core.errors import LoadError
+from specdec_core.presets.auto import choose_auto_preset
+from specdec_core.presets.load_errors import explain_load_error
+from specdec_core.presets.loaded import unload
+from specdec_core.presets.loading import draft_quantization, load_preset
 from specdec_core.presets.sources import GATED, UNREACHABLE, resolve
 from tests.tiny_models import require, smollm2_dir
 

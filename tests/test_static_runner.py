@@ -335,7 +335,8 @@ def test_loading_builds_compiled_runners_and_says_so(compile_presets, monkeypatc
     engines use them, describe() and decode_path say so. (On CUDA both would get StaticSteps;
     torch.compile is replaced by the identity here to keep this fast.)"""
     from specdec_core.compiled_runner import COMPILED_DYNAMIC, CPU_STEP_SIZES, CompiledSteps
-    from specdec_core.presets.loading import load_preset, unload
+    from specdec_core.presets.loaded import unload
+    from specdec_core.presets.loading import load_preset
 
     plain = load_preset("plain", compile_presets)
     assert plain.decode_path == EAGER_DYNAMIC and plain.target_runner is None

@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import json
 import shlex
-import statistics
 import sys
 import time
 from collections.abc import Callable

@@ -589,7 +589,8 @@ def part_loading(scale: Scale, part: Part, shared: dict, out: Path) -> str | Non
     """The preset loader on random-weight presets in a local folder."""
     import tempfile
 
-    from ..presets.loading import load_preset, unload
+    from ..presets.loaded import unload
+    from ..presets.loading import load_preset
 
     folder = Path(tempfile.mkdtemp(prefix="gpu_check_presets_"))
     config = write_presets(scale, folder)
@@ -647,8 +648,6 @@ def part_app(scale: Scale, part: Part, shared: dict, out: Path) -> str | None:
 def run_app(app_py: Path, config: Path, preset: str, part: Part, timeout_s: float, expect_compiled: bool) -> str | None:
     import socket
     import subprocess
-
-    from gradio_client import Client
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

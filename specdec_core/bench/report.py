@@ -206,7 +206,7 @@ def markdown(report: dict) -> str:
         f"- {s['questions']} questions ({s['questions_file']}), {s['max_new_tokens']} new tokens max, "
         f"temperature {s['temperature']}, median of {s['repeats']} runs after a {s['warmup_tokens']}-token "
         f"warm-up per question and method; total time {s['elapsed_s'] / 60:.1f} min",
-        f"- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         "",
         "## Speedup over hf-generate (overall: geometric mean over categories)",
         "",

@@ -35,7 +35,6 @@ from .methods import (
     METHODS,
     NEEDS_DRAFT_MODEL,
     NEEDS_EAGLE_HEAD,
-    OURS_BASELINE,
     Run,
     available_methods,
     llamacpp_problem,

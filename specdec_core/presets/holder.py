@@ -20,7 +20,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
 from ..errors import DeviceBusy, LoadError, QueueFull
-from .loading import LoadedModels, load_preset, unload
+from .loaded import LoadedModels, unload
+from .loading import load_preset
 
 DEVICE_WAIT_S = 600.0  # longest wait for a turn before saying the device is busy (loads take a while)
 MAX_WAITING = 16  # generations that may wait for the device; one more is refused (QueueFull)

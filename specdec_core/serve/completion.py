@@ -17,7 +17,7 @@ from ..engine import SpeculativeEngine
 from ..errors import LoadError
 from ..events import LENGTH, STOP, Stats
 from ..presets.holder import ModelHolder
-from ..presets.loading import LoadedModels
+from ..presets.loaded import LoadedModels
 from .errors import ApiError, bad_field
 from .request import ChatRequest
 

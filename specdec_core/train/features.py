@@ -13,8 +13,6 @@ from contextlib import contextmanager
 
 import torch
 
-from ..drafters.eagle_head import default_layer_ids  # noqa: F401  (the layers the head reads)
-
 
 def decoder_parts(model):
     """(the decoder layers, the final norm) of a transformers causal LM."""

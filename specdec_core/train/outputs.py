@@ -60,7 +60,7 @@ def readme(summary: dict) -> str:
         f"- written by: {DATA_WRITERS[s.get('data_dtype', 'target')]}",
         f"- training: {data['train_sequences']} sequences, {data['train_reply_tokens']:,} reply tokens "
         f"({data['train_tokens']:,} with prompts); families {', '.join(f'{k} {v}' for k, v in data['families'].items())}",
-        f"- held out: every tenth shard (greedy replies)"
+        "- held out: every tenth shard (greedy replies)"
         + (", written again by the target itself with the same prompts" if s.get("data_dtype", "target") != "target" else "")
         + f", {data['heldout_sequences']} sequences; acceptance is measured on its "
         f"{data['evaluated_sequences']} greedy replies",

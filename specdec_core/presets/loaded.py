@@ -1,0 +1,247 @@
+"""A preset's loaded models and the engines they make (LoadedModels), what each model is and
+costs (ModelInfo), and unloading them. Loading itself is loading.py's."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import LoadError
+from ..int4_linear import gguf_weight_summary
+from ..packed_linear import has_packed_layers
+from ..row_attention import uses_row_exact_attention
+from .config import DRAFTERS, Preset
+
+__all__ = ["LoadedModels", "ModelInfo", "unload"]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What one loaded model is and what it costs."""
+
+    role: str  # "target" | "draft" | "eagle head"
+    name: str  # the source as written in models.yaml
+    parameters: int
+    memory_bytes: int  # weights and buffers, as the model reports them
+    device: str  # "cpu", "cuda:0", or "cuda:0,cuda:1" when sharded
+    dtype: str  # dtype of the unquantized parts, e.g. "float32"
+    quantization: str  # "nf4" | "int8" | "none"
+    load_s: float
+    detail: str = ""  # what else matters for this kind of model (an EAGLE head's draft vocabulary)
+
+    def line(self) -> str:
+        detail = f"  {self.detail}" if self.detail else ""
+        return (
+            f"{self.role}: {self.name}  {self.parameters / 1e6:,.1f}M params  "
+            f"{self.memory_bytes / 1e6:,.0f} MB  {self.device}  {self.dtype}  "
+            f"quantization {self.quantization}{detail}  loaded in {self.load_s:.1f} s"
+        )
+
+
+@dataclass
+class LoadedModels:
+    """A preset's models, ready to build engines from. Not frozen: `unload` clears it."""
+
+    preset: Preset
+    tokenizer: object  # the target's tokenizer (the draft's maps tokens the same way)
+    target: torch.nn.Module | None
+    draft: torch.nn.Module | None
+    info: list[ModelInfo]
+    notes: list[str] = field(default_factory=list)  # one-line remarks: auto choice, fallbacks
+    draft_tokenizer: object | None = None
+    # The make_runner of each model in engines (who owns its KV cache): None for the eager
+    # dynamic cache (CachedModel), or compiled steps warmed up at load (StaticSteps on CUDA,
+    # CompiledSteps on CPU).
+    target_runner: Callable | None = None
+    draft_runner: Callable | None = None
+    # The preset's EAGLE-3 head (shared by every engine that drafts with it), or why there is none.
+    eagle_head: torch.nn.Module | None = None
+    eagle_problem: str | None = None
+    _engines: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see engine()
+    # One kept conversation per model, shared by every engine made here (see make_engine):
+    # KeptRunners by (role, make_runner), and "eagle": the one EagleDrafter of the head.
+    _kept: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def make_engine(
+        self,
+        drafter: str | None = None,
+        draft_length: int | None = None,
+        adaptive: bool | None = None,
+        stop_strings: tuple[str, ...] = (),
+    ):
+        """A SpeculativeEngine over the target; None arguments take the preset's defaults.
+
+        Every engine made here shares one kept KV cache of the target, and every draft-model
+        drafter one of the draft model: memory holds one conversation per model however many
+        settings were tried (the engines take turns; one generation at a time among them)."""
+        from ..engine import SpeculativeEngine
+
+        if self.target is None:
+            raise LoadError(f"the models of preset {self.preset.name} were unloaded: load it again")
+        drafter, draft_length, adaptive = self._settings(drafter, draft_length, adaptive)
+        built = self._drafter(drafter)
+        target_runner = self.target_runner
+        if built is not None and not _reads_features(target_runner, built.feature_layers):
+            target_runner = None  # the compiled steps can't hand it the target's features: eager forwards can
+        return SpeculativeEngine(
+            self.target,
+            self.tokenizer,
+            drafter=built,
+            draft_length=draft_length,
+            adaptive=adaptive,
+            stop_strings=stop_strings,
+            **_runner_argument(target_runner),
+            kept=self._kept_cache("target", self.target, target_runner),
+        )
+
+    def _kept_cache(self, role: str, model, runner: Callable | None):
+        """The one KeptRunner of a model's cache on a decode path (`runner`: its make_runner,
+        None for the eager CachedModel; an EAGLE engine on compiled steps that can't hand it
+        features reads the target eagerly)."""
+        from ..runner import CachedModel, KeptRunner
+
+        key = (role, runner)
+        if key not in self._kept:
+            self._kept[key] = KeptRunner(runner or CachedModel, model)
+        return self._kept[key]
+
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes of the kept KV caches now, by role ("target", "draft")."""
+        sizes: dict[str, int] = {}
+        for key, kept in self._kept.items():
+            role = key if isinstance(key, str) else key[0]
+            sizes[role] = sizes.get(role, 0) + kept.memory_bytes()
+        return sizes
+
+    def cache_line(self) -> str:
+        """One line for the models panel: the KV cache memory in use."""
+        sizes = self.cache_bytes()
+        parts = [f"{role} {sizes[role] / 1e6:,.1f} MB" for role in ("target", "draft", "eagle") if role in sizes]
+        return "KV caches: " + (", ".join(parts) if parts else "none yet") + " (one conversation per model)"
+
+    def engine(self, drafter: str | None = None, draft_length: int | None = None, adaptive: bool | None = None):
+        """The engine for these settings, built on first use and then kept, so what its draft
+        policy measured (step costs, acceptance) carries over from one reply to the next.
+        Serves one generation at a time, like every engine."""
+        key = self._settings(drafter, draft_length, adaptive)
+        if key not in self._engines:
+            self._engines[key] = self.make_engine(*key)
+        return self._engines[key]
+
+    def _settings(self, drafter: str | None, draft_length: int | None, adaptive: bool | None) -> tuple:
+        """(drafter, draft_length, adaptive), the preset's defaults in place of None."""
+        return (
+            drafter or self.preset.drafter,
+            draft_length if draft_length is not None else self.preset.draft_length,
+            self.preset.adaptive if adaptive is None else adaptive,
+        )
+
+    @property
+    def decode_path(self) -> str:
+        """The decode path engines take: "compiled static cache" or "eager dynamic cache" (or
+        "eager static cache"); per model when the target's and the draft's differ."""
+        target = _decode_path(self.target_runner)
+        draft = _decode_path(self.draft_runner) if self.draft is not None else target
+        return target if draft == target else f"target {target}, draft {draft}"
+
+    def describe(self) -> str:
+        """One line per model: parameters, memory, device, dtype, quantization, load time, decode path."""
+        runners = {"target": (self.target_runner, self.target), "draft": (self.draft_runner, self.draft)}
+        lines = []
+        for info in self.info:
+            if info.role in runners:
+                lines.append(f"{info.line()}  decode: {_decode_path(*runners[info.role])}")
+            else:  # the EAGLE head runs eagerly; the target under it as its steps allow
+                eager_target = not _reads_features(self.target_runner, self.eagle_head.layer_ids)
+                target_path = "; the target decodes eagerly with it" if eager_target else ""
+                lines.append(f"{info.line()}  decode: eager{target_path}")
+        return "\n".join(lines)
+
+    def _drafter(self, kind: str):
+        from ..drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+
+        if kind not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}")
+        if kind == "none":
+            return None
+        if kind == "prompt_lookup":
+            return PromptLookupDrafter()
+        if kind == "eagle":
+            return self._eagle_drafter()
+        if kind == "hybrid":
+            if self.eagle_head is not None:
+                return HybridDrafter(self._eagle_drafter())
+            if self.draft is None:
+                raise LoadError(f"preset {self.preset.name} has no EAGLE head and no draft model for hybrid "
+                                f"({self._eagle_missing()}): use drafter prompt_lookup")
+            return HybridDrafter(self._drafter("model"))
+        if self.draft is None:
+            missing = "has no draft model" if self.preset.draft is None else "was loaded without its draft model"
+            raise LoadError(f"preset {self.preset.name} {missing}: use drafter prompt_lookup or none")
+        return ModelDrafter(self.draft, tokenizer=self.draft_tokenizer, **_runner_argument(self.draft_runner),
+                            kept=self._kept_cache("draft", self.draft, self.draft_runner))
+
+    def _eagle_drafter(self):
+        """The one EagleDrafter of this preset's head: it keeps the head's KV cache of the last
+        conversation, so the eagle and hybrid engines of every setting share that one cache."""
+        from ..drafters import EagleDrafter
+
+        if "eagle" not in self._kept:
+            self._kept["eagle"] = EagleDrafter(self._eagle_head(), source=self.preset.eagle.label)
+        return self._kept["eagle"]
+
+    def _eagle_head(self):
+        if self.eagle_head is None:
+            raise LoadError(f"{self._eagle_missing()}: use drafter prompt_lookup or model")
+        return self.eagle_head
+
+    def _eagle_missing(self) -> str:
+        if self.eagle_problem:
+            return self.eagle_problem
+        if self.preset.eagle is None:
+            return f"preset {self.preset.name} has no eagle: head source (add one in models.yaml)"
+        return f"preset {self.preset.name} was loaded without its EAGLE head"
+
+
+def _runner_argument(runner: Callable | None) -> dict:
+    return {} if runner is None else {"make_runner": runner}
+
+
+def _decode_path(runner: Callable | None, model=None) -> str:
+    path = getattr(runner, "decode_path", "eager dynamic cache")
+    if model is None:
+        return path
+    gguf = gguf_weight_summary(model)
+    if gguf:
+        path += f", {gguf} on int4 kernels"
+    if uses_row_exact_attention(model):
+        path += ", row-exact attention"
+    return f"{path}, prepacked weights" if has_packed_layers(model) else path
+
+
+def _reads_features(runner, layer_ids: tuple[int, ...]) -> bool:
+    """Whether engines on `runner` (a make_runner; None: eager) hand a drafter reading the target
+    layers `layer_ids` its features: eager forwards always do (hooks); compiled steps only
+    when compiled with them (CompiledSteps.reads_features); CUDA graphs don't."""
+    if not layer_ids or runner is None or not getattr(runner, "compiled", False):
+        return True
+    return getattr(runner, "reads_features", lambda layers: False)(layer_ids)
+
+
+def unload(models: LoadedModels) -> None:
+    """Drop the models and free their memory (engines built from them must be dropped too)."""
+    compiled = any(getattr(r, "compiled", False) for r in (models.target_runner, models.draft_runner))
+    models.target = None
+    models.draft = None
+    models.eagle_head = None
+    models._engines.clear()
+    models._kept.clear()
+    models.target_runner = models.draft_runner = None  # they hold the models and KV caches
+    if compiled:
+        torch._dynamo.reset()  # compiled graphs (and CUDA graph pools) hold the weights too
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
