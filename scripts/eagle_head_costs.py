@@ -1,7 +1,7 @@
 """Does the EAGLE head's step get cheaper on prepacked fp32 or 4-bit layers? Times one draft step
 of the offline preset's head (one token against a cached context, then its logits), its linear
-layers as loaded (fp32), prepacked for oneDNN, and on torch's int4 kernel (Q4_1 groups of its own
-weights), alternated, next to the target's 1-token step on both of the target's paths.
+layers as loaded (fp32), prepacked for oneDNN, and on torch's int4 kernel (Q4_1 or Q8_0 groups of
+its own weights; the preset loads it on Q8_0 groups when its target is on the 4-bit path), alternated, next to the target's 1-token step on both of the target's paths.
 
     python scripts/eagle_head_costs.py --threads 2 --context 128 --repeats 30
 
@@ -31,10 +31,11 @@ from specdec_core.presets.sources import OFFLINE_PRESET  # noqa: E402
 from specdec_core.runner import CachedModel, growing_cache  # noqa: E402
 
 
-def on_int4(head: nn.Module) -> nn.Module:
-    """A copy of the head whose linear layers run on Q4_1 groups of their own weights."""
+def on_int4(head: nn.Module, type_name: str = "Q4_1") -> nn.Module:
+    """A copy of the head whose linear layers run on the int4 kernel, from `type_name` (Q4_1 or
+    Q8_0) groups of their own weights."""
     four_bit = copy.deepcopy(head)
-    quantise_linear_layers(four_bit)
+    quantise_linear_layers(four_bit, type_name)
     return four_bit
 
 
@@ -82,7 +83,8 @@ def main() -> int:
     head = fp32.eagle_head.float().eval()
     packed = copy.deepcopy(head)
     pack_linear_layers(packed)
-    heads = {"head fp32": head, "head fp32 prepacked": packed, "head int4 (Q4_1)": on_int4(head)}
+    heads = {"head fp32": head, "head fp32 prepacked": packed, "head int4 (Q4_1)": on_int4(head),
+             "head int4 (Q8_0)": on_int4(head, "Q8_0")}
     embed = fp32.target.get_input_embeddings()
     before = load_average()
     ms: dict[str, list[float]] = {name: [] for name in [*heads, "target fp32", "target gguf"]}

@@ -187,6 +187,19 @@ def test_the_preset_says_which_weights_run(smollm2_gguf):
     assert not any("fp32" in note for note in smollm2_gguf.notes)
 
 
+def test_the_eagle_head_of_the_4bit_target_runs_on_q8_0_groups_of_its_weights(smollm2_gguf):
+    """Its nine linear layers on the int4 kernel (a third of the fp32 head's memory); bound to the
+    target again by every engine, it keeps them (the drafters' greedy identity: the test below)."""
+    from specdec_core.int4_linear import Int4Linear
+
+    head = smollm2_gguf.info[-1]
+    assert head.role == "eagle head" and head.quantization == "q8_0 on int4 kernels"
+    assert head.parameters == 9_808_128 and head.memory_bytes < 15e6  # fp32: 39 MB
+    layers = [m for m in smollm2_gguf.eagle_head.modules() if isinstance(m, Int4Linear)]
+    assert len(layers) == 9 and {m.gguf_type for m in layers} == {"Q8_0"}
+    assert "quantization q8_0 on int4 kernels" in smollm2_gguf.describe().splitlines()[-1]
+
+
 @pytest.mark.parametrize("message", [
     "Repeat this list twice: apples, pears, plums, cherries.",
     "Write a Python function that returns the squares of a list of numbers.",

@@ -138,6 +138,7 @@ def _load_eagle_head(preset: Preset, target, tokenizer):
     head = Eagle3Head.load(folder, num_target_layers=target.config.get_text_config().num_hidden_layers)
     EagleDrafter(head, source=spec.label).bind(target, tokenizer)  # checks the fit; moves it
     parameters = head.parameter_count
+    quantization = _head_on_int4(head) if gguf_weight_summary(target) else "none"
     memory = sum(t.numel() * t.element_size() for t in [*head.parameters(), *head.buffers()])
     layers = ", ".join(str(i) for i in head.layer_ids)
     info = ModelInfo(
@@ -147,11 +148,26 @@ def _load_eagle_head(preset: Preset, target, tokenizer):
         memory_bytes=memory,
         device=str(head.device),
         dtype=str(head.dtype).removeprefix("torch."),
-        quantization="none",
+        quantization=quantization,
         load_s=time.perf_counter() - started,
         detail=f"draft vocabulary {head.draft_vocab_size:,} of {head.config.vocab_size:,} tokens, reads target layers {layers}",
     )
     return head, info
+
+
+def _head_on_int4(head) -> str:
+    """Run the head of a target on the 4-bit path on the same int4 kernel, from Q8_0 groups (of 32,
+    with a scale) of its own weights; its quantization as the models panel shows it. Measured on
+    the offline preset's head (2-core AMD EPYC): a draft step 1.17 ms instead of 3.44 as loaded,
+    and the same acceptance on the 30 Spec-Bench questions (0.328 of first drafts kept against
+    0.330); Q4_1 groups were faster still (0.75 ms) but kept 0.310. A layer the blocks can't hold
+    (a width not a multiple of 32) leaves the head as loaded."""
+    from ..int4_linear import GROUP, quantise_linear_layers
+
+    if any(isinstance(m, torch.nn.Linear) and m.in_features % GROUP for m in head.modules()):
+        return "none"
+    quantise_linear_layers(head, "Q8_0")
+    return "q8_0 on int4 kernels"
 
 
 def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: list[str],
