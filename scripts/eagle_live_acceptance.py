@@ -2,6 +2,7 @@
 carry from the trainer's prompts to the bench's questions?
 
     python scripts/eagle_live_acceptance.py --threads 2 --limit 5 --trainer-prompts 20 [--head FOLDER]
+        [--head-groups none|Q8_0|Q4_1]
 
 For each prompt (the Spec-Bench questions, `--limit` per family, and `--trainer-prompts` fresh
 prompts from the trainer's own source, drawn with a seed no data shard uses) the offline
@@ -12,6 +13,9 @@ position (specdec_core.train.ttt.measure_acceptance). Prints both first-position
 family. The engine's counts only rounds after a verify, the trainer's every position; where the
 two agree the engine drafts from what the head was trained on, and the gap between the two
 prompt sets is how much the head's acceptance depends on the prompts it was trained for.
+
+The preset runs its head on Q8_0 groups of its own weights (the int4 kernel, as its 4-bit target);
+`--head-groups none` measures the head as saved, `Q4_1` on coarser groups.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import torch  # noqa: E402
 from specdec_core.bench.questions import load_questions  # noqa: E402
 from specdec_core.chat import chat_prompt_ids  # noqa: E402
 from specdec_core.drafters import Eagle3Head, EagleDrafter  # noqa: E402
+from specdec_core.int4_linear import quantise_linear_layers  # noqa: E402
 from specdec_core.presets.loading import load_preset  # noqa: E402
-from specdec_core.presets.sources import OFFLINE_PRESET  # noqa: E402
+from specdec_core.presets.sources import OFFLINE_PRESET, resolve_head  # noqa: E402
 from specdec_core.sampling import SamplingParams  # noqa: E402
 from specdec_core.train.dataset import Sequence, make_batch  # noqa: E402
 from specdec_core.train.features import sequence_features  # noqa: E402
@@ -46,14 +51,20 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--head", help="a head folder to measure instead of the preset's")
+    parser.add_argument("--head-groups", choices=("none", "Q8_0", "Q4_1"),
+                        help="run the head's linear layers on the int4 kernel from these groups of its weights "
+                             "(none: as saved; default: as the preset loads it)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     models = load_preset(OFFLINE_PRESET, load_draft=False)
-    if args.head:
-        models.eagle_head = Eagle3Head.load(args.head, num_target_layers=models.target.config.num_hidden_layers)
-        EagleDrafter(models.eagle_head, source=args.head).bind(models.target, models.tokenizer)  # checks the fit
+    if args.head or args.head_groups:
+        folder = args.head or resolve_head(models.preset.eagle)
+        models.eagle_head = Eagle3Head.load(folder, num_target_layers=models.target.config.num_hidden_layers)
+        EagleDrafter(models.eagle_head, source=folder).bind(models.target, models.tokenizer)  # checks the fit
+        if args.head_groups not in (None, "none"):
+            quantise_linear_layers(models.eagle_head, args.head_groups)
     engine = models.make_engine("eagle", draft_length=1, adaptive=False)
     prompt_sets = {
         "Spec-Bench": [(q.family, q.prompt) for q in load_questions(args.questions, limit=args.limit)],
