@@ -28,7 +28,8 @@ class ModelInfo:
     memory_bytes: int  # weights and buffers, as the model reports them
     device: str  # "cpu", "cuda:0", or "cuda:0,cuda:1" when sharded
     dtype: str  # dtype of the unquantized parts, e.g. "float32"
-    quantization: str  # "nf4" | "int8" | "none"
+    # "nf4" | "int8" | "none"; on int4 kernels "gguf q4_1+q8_0" (a target), "q8_0 on int4 kernels" (a head)
+    quantization: str
     load_s: float
     detail: str = ""  # what else matters for this kind of model (an EAGLE head's draft vocabulary)
 
