@@ -1,7 +1,8 @@
 """Does the EAGLE head's step get cheaper on prepacked fp32 or 4-bit layers? Times one draft step
 of the offline preset's head (one token against a cached context, then its logits), its linear
 layers as loaded (fp32), prepacked for oneDNN, and on torch's int4 kernel (Q4_1 or Q8_0 groups of
-its own weights; the preset loads it on Q8_0 groups when its target is on the 4-bit path), alternated, next to the target's 1-token step on both of the target's paths.
+its own weights; the preset loads it on Q8_0 groups when its target is on the 4-bit path),
+alternated, next to the target's 1-token step on both of the target's paths.
 
     python scripts/eagle_head_costs.py --threads 2 --context 128 --repeats 30
 

@@ -133,6 +133,14 @@ class Int4Linear(nn.Module):
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
+    def _apply(self, fn, recurse=True):
+        # model.to(dtype) would cast the scales too, and the kernel takes bf16 scales only: keep
+        # them as they are (moved, if the call moved them). The bias follows the model's dtype.
+        scales = self.scales_and_zeros
+        super()._apply(fn, recurse)
+        self.scales_and_zeros = scales.to(self.scales_and_zeros.device)
+        return self
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, gguf={self.gguf_type}"
 

@@ -78,6 +78,19 @@ def test_a_row_gets_the_same_output_alone_as_in_a_batch():
         assert torch.equal(layer(x[i : i + 1]), together[i : i + 1])
 
 
+def test_a_dtype_cast_of_the_model_leaves_the_kernels_scales_in_bf16():
+    """model.to(dtype) (an EAGLE head bound to its target does one) must not cast the scales: the
+    kernel takes bf16 ones only. The output stays what it was."""
+    _kernel_available()
+    raw, _ = _quantised(64, 2 * GROUP, "Q8_0")
+    layer = Int4Linear(decode_blocks(raw, "Q8_0"))
+    x = torch.randn(3, 2 * GROUP)
+    before = layer(x)
+    layer.to(torch.float64).to(torch.float32)
+    assert layer.scales_and_zeros.dtype == torch.bfloat16
+    assert torch.equal(layer(x), before)
+
+
 def test_the_real_model_runs_on_its_own_blocks_and_keeps_its_greedy_text(smollm2):
     """Every linear of the bundled SmolLM2 (210 Q4_1, the tied Q8_0 head) decodes to the weights
     transformers loads, q/k row permutation included; greedy text matches the fp32 model's

@@ -70,10 +70,7 @@ class EagleDrafter(Drafter):
             )
         self._embed = embed
         self._target_vocab = target_model.get_output_embeddings().out_features  # an int4 head has no .weight
-        weights = embed.weight
-        if (self.head.device, self.head.dtype) != (weights.device, weights.dtype):
-            # Only when needed: a head on int4 layers (loading.py) keeps its kernel's bf16 scales.
-            self.head.to(device=weights.device, dtype=weights.dtype)
+        self.head.to(device=embed.weight.device, dtype=embed.weight.dtype)
         self._target_ids = self.head.target_token_ids()
         self._forget()
 
