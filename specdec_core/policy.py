@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .theory import expected_tokens
+from .theory import expected_tokens_by_position
 
 # The draft lengths anyone may ask for: the engine, the app's slider, models.yaml and the API all
 # read these bounds. (Adaptive drafting moves k within MIN/MAX_DRAFT_LENGTH, or up to the k asked.)
@@ -33,9 +33,15 @@ MIN_DRAFT_LENGTH = 2
 MAX_DRAFT_LENGTH = 8
 
 _SMOOTHING = 0.25  # weight of the newest sample in the running averages
+# The same for the acceptance of a drafter that costs something (a head, a draft model): there
+# the estimate decides whether to pause it, and whether a draft is kept is a coin toss. At 0.25
+# (about the last four tries) the offline EAGLE head, kept about 40% of the time, read as 10-20%
+# after a few unlucky rounds and sat out the rest of the reply. A free drafter (prompt lookup) is
+# never paused, and its estimate must follow copying as it starts and stops.
+_STEADY_SMOOTHING = 0.1
 _EXPLORATION_SHARE = 0.02  # of plain decoding time, what probes of a non-paying draft may lose
 _CHEAP = 0.05  # a drafter costing under this share of a target step per token is "free"
-_PRIOR_TRIES = 2  # see DraftLengthPolicy.acceptance
+_PRIOR_TRIES = 2  # see Acceptance.rates
 # Drafting must promise at least this speedup over a plain step: the estimates are noisy, and a
 # marginal gain predicted from them is as likely a loss.
 _MIN_GAIN = 1.05
@@ -152,26 +158,60 @@ class StepCosts:
 
 @dataclass
 class Acceptance:
-    """Per-token acceptance probability from recent rounds: accepted drafts over drafts tried (the
-    accepted ones and the one rejected, if any), both counts fading by _SMOOTHING a round. That
-    ratio is the maximum-likelihood estimate when each drafted token is accepted with one
-    probability; accepted over drafted would undercount it, as tokens after a rejection are
-    never tried."""
+    """Acceptance of drafted tokens by draft position. Position i was tried in a round that
+    drafted that far and kept every draft before it, so accepted over tried there is the chance
+    that draft i is kept once drafts 1..i-1 were. Counts come from the recent rounds that reached
+    the position: they fade by the given smoothing each time it is tried.
 
-    accepted: float = 0.0
-    tried: float = 0.0
+    Drafts kept independently with one probability give one rate at every position, and that
+    is what pooling the positions (`estimate`) assumes. A learned drafter's rates differ by
+    position, and a copying one's rise along a copied passage. Priced at its pooled rate, the
+    offline EAGLE head's rounds of two drafts made its single draft look as poor as its second,
+    and the policy paused a head that paid with one draft a round.
+    """
+
+    accepted: list[float] = field(default_factory=list)  # by position, 0-based
+    tried: list[float] = field(default_factory=list)
 
     @classmethod
-    def of(cls, probability: float) -> Acceptance:
-        return cls(accepted=probability, tried=1.0)
+    def of(cls, probability: float, tries: float = 1.0) -> Acceptance:
+        """One rate for every position, as if seen in `tries` tried first drafts."""
+        return cls(accepted=[probability * tries], tried=[tries])
 
     @property
     def estimate(self) -> float | None:
-        return self.accepted / self.tried if self.tried else None
+        """Accepted over tried, all positions pooled (the rate if every position had the same)."""
+        tried = sum(self.tried)
+        return sum(self.accepted) / tried if tried else None
 
-    def add(self, accepted: int, tried: int) -> None:
-        keep = 1 - _SMOOTHING
-        self.accepted, self.tried = keep * self.accepted + accepted, keep * self.tried + tried
+    def add(self, accepted: int, drafted: int, smoothing: float = _SMOOTHING) -> None:
+        """A round drafted `drafted` tokens and the target kept the first `accepted` of them;
+        `smoothing`: the weight of this try at each position it reached."""
+        keep = 1 - smoothing
+        reached = min(accepted + 1, drafted)  # the kept drafts and the one rejected, if any
+        grow = reached - len(self.tried)
+        if grow > 0:
+            self.accepted.extend([0.0] * grow)
+            self.tried.extend([0.0] * grow)
+        for i in range(reached):  # a round that stopped short says nothing about later positions
+            self.accepted[i] = keep * self.accepted[i] + (i < accepted)
+            self.tried[i] = keep * self.tried[i] + 1
+
+    def rates(self, k: int, prior: Acceptance | None = None) -> list[float] | None:
+        """The acceptance to expect at positions 1..k. Each position's own rate, leaning, as a
+        Beta prior of _PRIOR_TRIES pseudo-tries, on the rate before it while it has few tries:
+        one lucky round must not read as "always right", and a position never tried is taken to
+        be kept as often as the one before it. The first position leans on the prior's first
+        (default: this one's pooled estimate). None with nothing to go on."""
+        lean = prior.rates(1)[0] if prior is not None and prior.estimate is not None else self.estimate
+        if lean is None:
+            return None
+        rates = []
+        for i in range(k):
+            accepted, tried = (self.accepted[i], self.tried[i]) if i < len(self.tried) else (0.0, 0.0)
+            lean = (accepted + _PRIOR_TRIES * lean) / (tried + _PRIOR_TRIES)
+            rates.append(lean)
+        return rates
 
 
 @dataclass
@@ -222,27 +262,27 @@ class DraftLengthPolicy:
         # is what matters, and it need not grow with length); a costly one stays within k.
         free = self.drafting_is_free()
         k_max = min(self.highest if free else self.k, room)
-        acceptance = self.acceptance
-        if acceptance is None or not self.costs.drafting_measured():
+        rates = self.rates(k_max)
+        if rates is None or not self.costs.drafting_measured():
             return k_max  # nothing measured yet: try speculation
-        best = self._best_length(acceptance, k_max)
-        if free or (best and self._saving_s(acceptance, best, room) > self.costs.catch_up(lag)):
-            return best
-        if self.exploration_s >= self._probe_loss_s(acceptance, k_max, lag):
+        fastest, tokens_per_s = self._fastest_length(rates)
+        pays = tokens_per_s * self.costs.target(1) > _MIN_GAIN
+        if free or (pays and self._saving_s(rates[:fastest], room) > self.costs.catch_up(lag)):
+            return fastest if pays else 0
+        # A probe, when it is due: the acceptance or the costs may have changed. At the length
+        # that would pay most: for a weak drafter one draft, which is cheap and samples the
+        # position that decides whether it pays (probing at k, a head right a third of the time
+        # failed most probes, its estimate sank further, and it sat out whole replies).
+        if self.exploration_s >= self._probe_loss_s(rates[:fastest], lag):
             self.exploration_s = 0.0
-            return k_max  # a probe: the acceptance or the costs may have changed
+            return fastest
         return 0
 
-    @property
-    def acceptance(self) -> float | None:
-        """The per-token acceptance to expect this round: its state's estimate (in a streak or not),
-        leaning on the other state's while this one has few tried drafts."""
+    def rates(self, k: int) -> list[float] | None:
+        """The acceptance to expect this round at draft positions 1..k: its state's (in a streak
+        or not), leaning on the other state's where this one has few tried drafts."""
         this, other = (self.after_streak, self.after_miss) if self.in_streak else (self.after_miss, self.after_streak)
-        if other.estimate is None:
-            return this.estimate
-        # Until this state has seen a few tried drafts, lean on the other's estimate: one lucky
-        # round must not read as "always right" (a Beta prior of _PRIOR_TRIES pseudo-tries).
-        return (this.accepted + _PRIOR_TRIES * other.estimate) / (this.tried + _PRIOR_TRIES)
+        return this.rates(k, prior=other)
 
     def drafting_is_free(self) -> bool:
         """Whether proposals cost next to nothing next to a target step (e.g. prompt lookup), so
@@ -255,7 +295,7 @@ class DraftLengthPolicy:
     def observe_unverified(self, first_draft_matched: bool) -> None:
         """A free drafter's proposal was not verified; its first token did (not) match the target's."""
         if self.adaptive:
-            self.after_miss.add(accepted=int(first_draft_matched), tried=1)
+            self.after_miss.add(accepted=int(first_draft_matched), drafted=1)
 
     def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
         """Learn from one round: its acceptance and its measured costs."""
@@ -268,7 +308,8 @@ class DraftLengthPolicy:
             self.in_streak = False
             return
         state = self.after_streak if self.in_streak else self.after_miss
-        state.add(accepted, tried=accepted + (accepted < drafted))
+        steady = not self.drafting_is_free()  # see _STEADY_SMOOTHING
+        state.add(accepted, drafted, smoothing=_STEADY_SMOOTHING if steady else _SMOOTHING)
         self.in_streak = accepted == drafted
         rate = accepted / drafted
         if rate >= self.raise_at:
@@ -280,25 +321,23 @@ class DraftLengthPolicy:
         """Measured (or interpolated) time of a round that drafts k tokens and verifies them."""
         return k * self.costs.draft_s_per_token + self.costs.target(k + 1)
 
-    def _saving_s(self, acceptance: float, k: int, room: int) -> float:
-        """Time drafting k per round saves over plain decoding on the `room` tokens left."""
-        per_token = self._round_s(k) / expected_tokens(acceptance, k)
+    def _saving_s(self, rates: list[float], room: int) -> float:
+        """Time drafting len(rates) per round saves over plain decoding on the `room` tokens left."""
+        per_token = self._round_s(len(rates)) / expected_tokens_by_position(rates)
         return room * (self.costs.target(1) - per_token)
 
-    def _probe_loss_s(self, acceptance: float, k: int, lag: int) -> float:
-        """What one probe of k drafts is expected to cost beyond the plain steps it replaces."""
-        gained = expected_tokens(acceptance, k) * self.costs.target(1)
-        return self.costs.catch_up(lag) + max(self._round_s(k) - gained, 0.0)
+    def _probe_loss_s(self, rates: list[float], lag: int) -> float:
+        """What one probe of len(rates) drafts is expected to cost beyond the plain steps it
+        replaces, counting its tokens at the gain drafting must promise: a draft predicted to
+        gain a little less than that would otherwise probe at no cost, that is every round."""
+        gained = expected_tokens_by_position(rates) * self.costs.target(1) / _MIN_GAIN
+        return self.costs.catch_up(lag) + max(self._round_s(len(rates)) - gained, 0.0)
 
-    def _best_length(self, acceptance: float, k_max: int) -> int:
-        """The k' in [1, k_max] with the most expected tokens per second, if that beats a plain
-        step by _MIN_GAIN; 0 if none does."""
-        best, best_rate = 0, _MIN_GAIN / self.costs.target(1)
-        for k in range(1, k_max + 1):  # one draft may pay where two don't (a weak drafter)
-            rate = expected_tokens(acceptance, k) / self._round_s(k)
-            if rate > best_rate:
-                best, best_rate = k, rate
-        return best
+    def _fastest_length(self, rates: list[float]) -> tuple[int, float]:
+        """The k in [1, len(rates)] with the most expected tokens per second, and that rate."""
+        speeds = {k: expected_tokens_by_position(rates[:k]) / self._round_s(k) for k in range(1, len(rates) + 1)}
+        fastest = max(speeds, key=speeds.get)  # the shortest of equals: one draft may pay where two don't
+        return fastest, speeds[fastest]
 
 
 # ---------------------------------------------------------------- choosing among drafters
@@ -311,11 +350,12 @@ class DraftSource:
     name: str
     acceptance: Acceptance = field(default_factory=Acceptance)
     draft_s_per_token: float | None = None
+    steady: bool = False  # a learned drafter: its acceptance forgets slowly (see _STEADY_SMOOTHING)
 
     def record(self, drafted: int, accepted: int, seconds: float) -> None:
         """Learn from a verified proposal of this source."""
         if drafted:
-            self.acceptance.add(accepted, tried=accepted + (accepted < drafted))
+            self.acceptance.add(accepted, drafted, smoothing=_STEADY_SMOOTHING if self.steady else _SMOOTHING)
             self.draft_s_per_token = _average(self.draft_s_per_token, seconds / drafted)
 
 
@@ -328,10 +368,9 @@ def tokens_per_second(source: DraftSource, k: int, costs: StepCosts) -> float | 
     verify = costs.target(k + 1)
     if verify is None or k <= 0:
         return None
-    acceptance = source.acceptance.estimate
-    acceptance = _UNMEASURED_ACCEPTANCE if acceptance is None else acceptance
+    rates = source.acceptance.rates(k) or [_UNMEASURED_ACCEPTANCE] * k
     round_s = verify + k * (source.draft_s_per_token or 0.0)
-    return expected_tokens(acceptance, k) / round_s if round_s > 0 else None
+    return expected_tokens_by_position(rates) / round_s if round_s > 0 else None
 
 
 def best_length(source: DraftSource, k_max: int, costs: StepCosts) -> tuple[int, float | None]:

@@ -20,6 +20,17 @@ def expected_tokens(a: float, g: float) -> float:
     return (1.0 - a ** (g + 1.0)) / (1.0 - a)
 
 
+def expected_tokens_by_position(rates: list[float]) -> float:
+    """Expected tokens one target forward yields when draft i is kept with probability rates[i-1]
+    once drafts 1..i-1 were: 1 + r1 + r1 r2 + ... + r1 ... rg (g = len(rates)). With one rate a
+    at every position it is expected_tokens(a, g)."""
+    tokens, reached = 1.0, 1.0
+    for rate in rates:
+        reached *= rate
+        tokens += reached
+    return tokens
+
+
 def leviathan_speedup(a: float, g: float, c: float, v: float = 1.0) -> float:
     """Predicted speedup over plain decoding: (1 - a^(g+1)) / ((1 - a) (g c + v)).
 

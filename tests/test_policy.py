@@ -2,7 +2,8 @@
 
 import pytest
 
-from specdec_core.policy import Acceptance, DraftLengthPolicy, StepCosts, expected_tokens
+from specdec_core.policy import Acceptance, DraftLengthPolicy, StepCosts
+from specdec_core.theory import expected_tokens, expected_tokens_by_position
 
 
 def test_expected_tokens_formula():
@@ -26,27 +27,63 @@ def test_rule_raises_and_lowers_within_bounds():
 def test_acceptance_counts_the_drafts_tried_not_those_never_reached():
     policy = DraftLengthPolicy(k=5)
     policy.update(drafted=5, accepted=3, draft_s=0.0, verify_s=0.01)  # 3 kept, the 4th rejected
-    assert policy.acceptance == pytest.approx(3 / 4)
+    assert policy.after_miss.tried == [1, 1, 1, 1]  # the 5th was never reached
+    assert policy.after_miss.accepted == [1, 1, 1, 0]
+    assert policy.after_miss.estimate == pytest.approx(3 / 4)
 
 
-def test_acceptance_is_estimated_apart_within_and_after_streaks():
+def test_acceptance_is_estimated_by_position_apart_within_and_after_streaks():
     policy = DraftLengthPolicy(k=5)
     for _ in range(20):  # copying: a streak of three full rounds, then five misses; and again
         for accepted in (5, 5, 5, 0, 0, 0, 0, 0):
             policy.update(drafted=5, accepted=accepted, draft_s=0.0, verify_s=0.01)
-    # Within a streak 10 of 11 tried drafts were kept; after a miss 5 of 9.
-    assert policy.after_streak.estimate > 0.85 and policy.after_miss.estimate < 0.6
-    assert not policy.in_streak and policy.acceptance < 0.6
+    # After a miss the first draft was right in 1 round of 5, and then so were all the others.
+    assert not policy.in_streak
+    after_miss = policy.rates(5)
+    assert after_miss[0] < 0.35 and min(after_miss[1:]) > 0.7
     policy.update(drafted=5, accepted=5, draft_s=0.0, verify_s=0.01)
-    assert policy.in_streak and policy.acceptance > 0.8
+    assert policy.in_streak  # within a streak the first draft was right in 2 rounds of 3
+    assert expected_tokens_by_position(policy.rates(5)) > expected_tokens_by_position(after_miss) + 0.75
 
 
 def test_a_state_with_few_tried_drafts_leans_on_the_other():
     policy = DraftLengthPolicy(k=5)
-    policy.after_miss = Acceptance(accepted=6.0, tried=20.0)  # 0.3, well measured
-    policy.after_streak = Acceptance(accepted=2.0, tried=2.0)  # one lucky round
+    policy.after_miss = Acceptance.of(0.3, tries=20)  # well measured
+    policy.after_streak = Acceptance.of(1.0, tries=2)  # one lucky round
     policy.in_streak = True
-    assert policy.acceptance == pytest.approx((2 + 2 * 0.3) / (2 + 2))
+    # The second position was never tried in a streak: it is taken to be kept as often as the first.
+    assert policy.rates(2) == pytest.approx([(2 + 2 * 0.3) / (2 + 2)] * 2)
+
+
+def test_a_draft_right_at_first_and_rarely_after_drafts_one_where_a_pooled_rate_would_pause():
+    # First drafts kept 9 times in 20, second drafts once in the 9 rounds that reached them: one
+    # draft gives 1.45 tokens for 1.3 steps. Pooled over both positions (9.9 of 29 = 0.34) the
+    # same rounds promise 1.34 tokens for 1.3 steps, under the 5% a round must gain.
+    measured = Acceptance(accepted=[9.0, 1.0], tried=[20.0, 9.0])
+    costs = {n: 0.010 + 0.002 * (n - 1) for n in range(1, 8)}
+
+    def length(acceptance):
+        policy = DraftLengthPolicy(k=5)
+        policy.costs = StepCosts(target_s=dict(costs), draft_s_per_token=0.001)
+        policy.after_streak, policy.after_miss = acceptance, acceptance
+        return policy.next_draft_length(room=100)
+
+    assert length(measured) == 1
+    assert length(Acceptance.of(measured.estimate, tries=29)) == 0
+
+
+def test_a_costly_drafters_acceptance_forgets_slowly_and_a_free_ones_fast():
+    # One draft a round, kept 2 times in 5 for 20 rounds, then three misses. To a costly drafter
+    # (a head, paused when its estimate sinks) they are a dip; to prompt lookup's policy (never
+    # paused, following copying as it starts and stops) they may be a copied passage's end.
+    estimates = {}
+    for name, per_token in (("costly", 0.002), ("free", 0.0)):
+        policy = calibrated(acceptance=0.4, draft_per_token=per_token)
+        for accepted in [1, 0, 0, 1, 0] * 4 + [0, 0, 0]:
+            policy.in_streak = False  # every round in one state
+            policy.update(drafted=1, accepted=accepted, draft_s=per_token, verify_s=0.011)
+        estimates[name] = policy.after_miss.estimate
+    assert estimates["costly"] > 0.25 and estimates["free"] < 0.2
 
 
 def test_explicit_k_outside_default_bounds_is_kept():
@@ -78,11 +115,15 @@ def test_drafts_when_it_pays():
     assert calibrated(acceptance=0.8, draft_per_token=0.0).next_draft_length(room=10) > 5
 
 
-def plain_rounds_until_probe(policy, step=0.010, lag=0, limit=100_000, lag_per_round=0):
-    """Feed the policy plain rounds until it asks for a probe; how many it took. The drafter
-    misses `lag_per_round` more tokens with each plain round (a paused head: one)."""
+def plain_rounds_until_probe(policy, step=0.010, lag=0, limit=100_000, lag_per_round=0, probes=None):
+    """Feed the policy plain rounds until it asks for a probe; how many it took (the probe's
+    length is appended to `probes`). The drafter misses `lag_per_round` more tokens with each
+    plain round (a paused head: one)."""
     for rounds in range(limit):
-        if policy.next_draft_length(room=1000, lag=lag + lag_per_round * rounds) > 0:
+        k = policy.next_draft_length(room=1000, lag=lag + lag_per_round * rounds)
+        if k > 0:
+            if probes is not None:
+                probes.append(k)
             return rounds
         policy.update(drafted=0, accepted=0, draft_s=0.0, verify_s=step)
     raise AssertionError("never probed")
@@ -91,10 +132,11 @@ def plain_rounds_until_probe(policy, step=0.010, lag=0, limit=100_000, lag_per_r
 def test_falls_back_and_probes_when_the_time_put_aside_covers_the_probe():
     policy = calibrated(acceptance=0.3, draft_per_token=0.009)  # draft step costs 0.9 target steps
     assert policy.next_draft_length(room=100) == 0
-    # A probe of k=5 costs 5 * 9 ms + 15 ms verify and yields 1.43 tokens (14.3 ms of plain
-    # decoding): it loses 45.7 ms, which 2% of 10 ms steps put aside in 229 plain rounds.
-    assert plain_rounds_until_probe(policy) == 229
-    assert plain_rounds_until_probe(policy) == 229  # the time put aside starts again from zero
+    # The probe drafts one token, the length that would pay most: 9 ms, and 11 ms to verify. It
+    # yields 1.3 tokens, 12.38 ms of plain decoding at the 5% gain a round must promise: it loses
+    # 7.62 ms, which 2% of 10 ms steps put aside in 39 plain rounds.
+    assert plain_rounds_until_probe(policy) == 39
+    assert plain_rounds_until_probe(policy) == 39  # the time put aside starts again from zero
     expect(policy, 0.9)  # speculation pays again
     policy.costs.draft_s_per_token = 0.0
     assert policy.next_draft_length(room=100) >= 5
@@ -103,8 +145,8 @@ def test_falls_back_and_probes_when_the_time_put_aside_covers_the_probe():
 def test_a_dear_catch_up_delays_the_probe_in_proportion():
     policy = calibrated(acceptance=0.3, draft_per_token=0.009)
     policy.costs.record_catch_up(tokens=700, seconds=0.7)  # 1 ms per token read
-    # The probe now also pays for reading 700 missed tokens: 745.7 ms, put aside in 3729 rounds.
-    assert plain_rounds_until_probe(policy, lag=700) == 3729
+    # The probe now also pays for reading 700 missed tokens: 707.62 ms, put aside in 3539 rounds.
+    assert plain_rounds_until_probe(policy, lag=700) == 3539
 
 
 def test_an_unmeasured_catch_up_is_priced_as_drafting_each_token():
@@ -130,14 +172,14 @@ def test_a_catch_up_whose_time_does_not_grow_with_its_size_is_priced_flat():
 
 
 def test_a_paused_drafter_is_probed_though_what_it_must_read_grows_every_round():
-    policy = calibrated(acceptance=0.3, draft_per_token=0.009)  # a probe's round loses 45.7 ms
+    policy = calibrated(acceptance=0.3, draft_per_token=0.009)  # a probe's round loses 7.62 ms
     for tokens in (2, 200):
         policy.costs.record_catch_up(tokens, seconds=0.003 + 0.00005 * tokens)
     # Each plain round puts 0.2 ms aside and leaves one more token (0.05 ms) to read: the probe
-    # (45.7 + 3 + 0.05 * rounds ms) is paid for after 325 rounds. Priced at a running rate per
+    # (7.62 + 3 + 0.05 * rounds ms) is paid for after 71 rounds. Priced at a running rate per
     # token of these two samples (1.2 ms), reading would outgrow the savings: never.
     rounds = plain_rounds_until_probe(policy, lag_per_round=1)
-    assert rounds == 325
+    assert rounds == 71
 
 
 def test_drafts_after_a_catch_up_only_if_the_tokens_left_repay_it():
@@ -226,8 +268,10 @@ def test_probing_a_draft_that_could_never_pay_loses_at_most_the_share_put_aside(
     # even a draft that is always right loses.
     step = 0.010
     policy = calibrated(acceptance=0.9, draft_per_token=0.008, per_extra_token=0.009, step=step)
-    plain = plain_rounds_until_probe(policy, step=step)
-    k = policy.k
+    probes = []
+    plain = plain_rounds_until_probe(policy, step=step, probes=probes)
+    assert probes == [1]  # one draft: the length that loses least
+    k = probes[0]
     lost = k * 0.008 + policy.costs.target(k + 1) - expected_tokens(0.9, k) * step
     assert lost > 0 and lost <= 0.02 * plain * step * 1.01
 

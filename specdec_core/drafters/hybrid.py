@@ -45,7 +45,7 @@ class HybridDrafter(Drafter):
         self.learned = learned
         self.lookup = lookup or PromptLookupDrafter()
         self.feature_layers = learned.feature_layers
-        self.sources = {"lookup": DraftSource("lookup"), learned.name: DraftSource(learned.name)}
+        self.sources = {"lookup": DraftSource("lookup"), learned.name: DraftSource(learned.name, steady=True)}
         self._costs = StepCosts()
         self._last: tuple[str, int, float] | None = None  # (source, drafted, seconds) of the last proposal
         self.chosen = {name: 0 for name in self.sources}  # proposals per source (for reports)
