@@ -3,14 +3,15 @@
 Two layers:
 - the draft length k follows acceptance: a round with at least `raise_at` of its drafts
   accepted raises k by one, one under `lower_below` lowers it by one, within [lowest, highest];
-- measured costs decide whether a round should draft: with the acceptance seen so far (estimated
-  apart within streaks of fully kept drafts and after misses, as copying comes in streaks) and the
-  measured draft and verify times, a round of k' <= k drafts must promise 5% more tokens per
-  second than a plain decoding step, and the tokens left must repay the drafter's catch-up (reading a
-  new prompt, or what it missed while paused). If no length pays, the engine decodes plainly.
-  It probes again (drafts once, to re-measure) when the time saved for exploration covers what
-  the probe is expected to lose: each plain round puts a fixed share of its time aside, so probing
-  a draft that doesn't pay never costs more than that share, however dear its catch-up.
+- measured costs decide whether a round should draft: with the acceptance seen so far (by draft
+  position, and estimated apart within streaks of fully kept drafts and after misses, as copying
+  comes in streaks) and the measured draft and verify times, a round of k' <= k drafts must
+  promise 5% more tokens per second than a plain decoding step, and the tokens left must repay the
+  drafter's catch-up (reading a new prompt, or what it missed while paused). If no length pays,
+  the engine decodes plainly. It probes again (drafts once, at the length that would pay most,
+  to re-measure) when the time saved for exploration covers what the probe is expected to lose:
+  each plain round puts a fixed share of its time aside, so probing a draft that doesn't pay
+  never costs more than that share, however dear its catch-up.
   A drafter whose proposals cost next to nothing (prompt lookup) is never paused: each plain
   round still asks it, and whether its first token matched the target's keeps the acceptance
   estimate current, so drafting resumes as soon as copying does.
@@ -267,8 +268,10 @@ class DraftLengthPolicy:
             return k_max  # nothing measured yet: try speculation
         fastest, tokens_per_s = self._fastest_length(rates)
         pays = tokens_per_s * self.costs.target(1) > _MIN_GAIN
-        if free or (pays and self._saving_s(rates[:fastest], room) > self.costs.catch_up(lag)):
+        if free:  # never paused: plain rounds keep its estimate current (observe_unverified)
             return fastest if pays else 0
+        if pays and self._saving_s(rates[:fastest], room) > self.costs.catch_up(lag):
+            return fastest
         # A probe, when it is due: the acceptance or the costs may have changed. At the length
         # that would pay most: for a weak drafter one draft, which is cheap and samples the
         # position that decides whether it pays (probing at k, a head right a third of the time

@@ -10,6 +10,9 @@ def test_expected_tokens_formula():
     assert expected_tokens(0.0, 5) == 1.0
     assert expected_tokens(1.0, 5) == 6.0
     assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens_by_position([0.5, 0.5, 0.5]) == pytest.approx(expected_tokens(0.5, 3))
+    assert expected_tokens_by_position([0.4, 0.25]) == pytest.approx(1 + 0.4 + 0.4 * 0.25)
+    assert expected_tokens_by_position([]) == 1.0
 
 
 def test_rule_raises_and_lowers_within_bounds():
