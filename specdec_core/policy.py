@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .theory import expected_tokens_by_position
+from .theory import expected_tokens_by_length, expected_tokens_by_position
 
 # The draft lengths anyone may ask for: the engine, the app's slider, models.yaml and the API all
 # read these bounds. (Adaptive drafting moves k within MIN/MAX_DRAFT_LENGTH, or up to the k asked.)
@@ -162,7 +162,7 @@ class Acceptance:
     """Acceptance of drafted tokens by draft position. Position i was tried in a round that
     drafted that far and kept every draft before it, so accepted over tried there is the chance
     that draft i is kept once drafts 1..i-1 were. Counts come from the recent rounds that reached
-    the position: they fade by the given smoothing each time it is tried.
+    the position: they fade each time it is tried (see `add`).
 
     Drafts kept independently with one probability give one rate at every position, and that
     is what pooling the positions (`estimate`) assumes. A learned drafter's rates differ by
@@ -185,10 +185,10 @@ class Acceptance:
         tried = sum(self.tried)
         return sum(self.accepted) / tried if tried else None
 
-    def add(self, accepted: int, drafted: int, smoothing: float = _SMOOTHING) -> None:
-        """A round drafted `drafted` tokens and the target kept the first `accepted` of them;
-        `smoothing`: the weight of this try at each position it reached."""
-        keep = 1 - smoothing
+    def add(self, accepted: int, drafted: int, steady: bool = False) -> None:
+        """A round drafted `drafted` tokens and the target kept the first `accepted` of them.
+        `steady`: the drafter costs something, so its rates forget slowly (_STEADY_SMOOTHING)."""
+        keep = 1 - (_STEADY_SMOOTHING if steady else _SMOOTHING)
         reached = min(accepted + 1, drafted)  # the kept drafts and the one rejected, if any
         grow = reached - len(self.tried)
         if grow > 0:
@@ -204,7 +204,8 @@ class Acceptance:
         one lucky round must not read as "always right", and a position never tried is taken to
         be kept as often as the one before it. The first position leans on the prior's first
         (default: this one's pooled estimate). None with nothing to go on."""
-        lean = prior.rates(1)[0] if prior is not None and prior.estimate is not None else self.estimate
+        first = prior.rates(1) if prior is not None else None
+        lean = first[0] if first else self.estimate
         if lean is None:
             return None
         rates = []
@@ -266,17 +267,17 @@ class DraftLengthPolicy:
         rates = self.rates(k_max)
         if rates is None or not self.costs.drafting_measured():
             return k_max  # nothing measured yet: try speculation
-        fastest, tokens_per_s = self._fastest_length(rates)
-        pays = tokens_per_s * self.costs.target(1) > _MIN_GAIN
+        fastest, tokens = self._fastest_length(rates)
+        pays = tokens / self._round_s(fastest) * self.costs.target(1) > _MIN_GAIN
         if free:  # never paused: plain rounds keep its estimate current (observe_unverified)
             return fastest if pays else 0
-        if pays and self._saving_s(rates[:fastest], room) > self.costs.catch_up(lag):
+        if pays and self._saving_s(fastest, tokens, room) > self.costs.catch_up(lag):
             return fastest
         # A probe, when it is due: the acceptance or the costs may have changed. At the length
         # that would pay most: for a weak drafter one draft, which is cheap and samples the
         # position that decides whether it pays (probing at k, a head right a third of the time
         # failed most probes, its estimate sank further, and it sat out whole replies).
-        if self.exploration_s >= self._probe_loss_s(rates[:fastest], lag):
+        if self.exploration_s >= self._probe_loss_s(fastest, tokens, lag):
             self.exploration_s = 0.0
             return fastest
         return 0
@@ -311,8 +312,7 @@ class DraftLengthPolicy:
             self.in_streak = False
             return
         state = self.after_streak if self.in_streak else self.after_miss
-        steady = not self.drafting_is_free()  # see _STEADY_SMOOTHING
-        state.add(accepted, drafted, smoothing=_STEADY_SMOOTHING if steady else _SMOOTHING)
+        state.add(accepted, drafted, steady=not self.drafting_is_free())
         self.in_streak = accepted == drafted
         rate = accepted / drafted
         if rate >= self.raise_at:
@@ -324,23 +324,26 @@ class DraftLengthPolicy:
         """Measured (or interpolated) time of a round that drafts k tokens and verifies them."""
         return k * self.costs.draft_s_per_token + self.costs.target(k + 1)
 
-    def _saving_s(self, rates: list[float], room: int) -> float:
-        """Time drafting len(rates) per round saves over plain decoding on the `room` tokens left."""
-        per_token = self._round_s(len(rates)) / expected_tokens_by_position(rates)
-        return room * (self.costs.target(1) - per_token)
+    def _saving_s(self, k: int, tokens: float, room: int) -> float:
+        """Time drafting k per round, `tokens` expected from each, saves over plain decoding on the
+        `room` tokens left."""
+        return room * (self.costs.target(1) - self._round_s(k) / tokens)
 
-    def _probe_loss_s(self, rates: list[float], lag: int) -> float:
-        """What one probe of len(rates) drafts is expected to cost beyond the plain steps it
-        replaces, counting its tokens at the gain drafting must promise: a draft predicted to
-        gain a little less than that would otherwise probe at no cost, that is every round."""
-        gained = expected_tokens_by_position(rates) * self.costs.target(1) / _MIN_GAIN
-        return self.costs.catch_up(lag) + max(self._round_s(len(rates)) - gained, 0.0)
+    def _probe_loss_s(self, k: int, tokens: float, lag: int) -> float:
+        """What one probe of k drafts (`tokens` expected) is expected to cost beyond the plain
+        steps it replaces, counting its tokens at the gain drafting must promise: a draft
+        predicted to gain a little less than that would otherwise probe at no cost, that is every
+        round."""
+        gained = tokens * self.costs.target(1) / _MIN_GAIN
+        return self.costs.catch_up(lag) + max(self._round_s(k) - gained, 0.0)
 
     def _fastest_length(self, rates: list[float]) -> tuple[int, float]:
-        """The k in [1, len(rates)] with the most expected tokens per second, and that rate."""
-        speeds = {k: expected_tokens_by_position(rates[:k]) / self._round_s(k) for k in range(1, len(rates) + 1)}
-        fastest = max(speeds, key=speeds.get)  # the shortest of equals: one draft may pay where two don't
-        return fastest, speeds[fastest]
+        """The k in [1, len(rates)] with the most expected tokens per second, and its expected
+        tokens per round."""
+        tokens = expected_tokens_by_length(rates)  # tokens[k]: k drafts
+        # max keeps the first of equals, the shortest: one draft may pay where two don't
+        fastest = max(range(1, len(rates) + 1), key=lambda k: tokens[k] / self._round_s(k))
+        return fastest, tokens[fastest]
 
 
 # ---------------------------------------------------------------- choosing among drafters
@@ -358,7 +361,7 @@ class DraftSource:
     def record(self, drafted: int, accepted: int, seconds: float) -> None:
         """Learn from a verified proposal of this source."""
         if drafted:
-            self.acceptance.add(accepted, drafted, smoothing=_STEADY_SMOOTHING if self.steady else _SMOOTHING)
+            self.acceptance.add(accepted, drafted, steady=self.steady)
             self.draft_s_per_token = _average(self.draft_s_per_token, seconds / drafted)
 
 

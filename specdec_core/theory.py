@@ -5,6 +5,9 @@ Shared by the engine's draft policy, the benchmark's theory check and the cost m
 
 from __future__ import annotations
 
+import operator
+from itertools import accumulate
+
 
 def expected_tokens(a: float, g: float) -> float:
     """Expected tokens one target forward yields: (1 - a^(g+1)) / (1 - a).
@@ -24,11 +27,12 @@ def expected_tokens_by_position(rates: list[float]) -> float:
     """Expected tokens one target forward yields when draft i is kept with probability rates[i-1]
     once drafts 1..i-1 were: 1 + r1 + r1 r2 + ... + r1 ... rg (g = len(rates)). With one rate a
     at every position it is expected_tokens(a, g)."""
-    tokens, reached = 1.0, 1.0
-    for rate in rates:
-        reached *= rate
-        tokens += reached
-    return tokens
+    return expected_tokens_by_length(rates)[-1]
+
+
+def expected_tokens_by_length(rates: list[float]) -> list[float]:
+    """expected_tokens_by_position(rates[:g]) for every g in 0..len(rates), in one pass."""
+    return list(accumulate(accumulate(rates, operator.mul), initial=1.0))
 
 
 def leviathan_speedup(a: float, g: float, c: float, v: float = 1.0) -> float:
