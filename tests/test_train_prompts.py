@@ -1,5 +1,6 @@
 """The trainer's prompts are never the questions we measure on: no prompt shares a run of 8 words
-with a Spec-Bench question or with the project's bench questions."""
+with a Spec-Bench question or with the project's bench questions. Its human passages are prose,
+and held-out shards read none that a training shard reads."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+from specdec_core.train.data import DataSettings, held_out_shards, passage_prompts
+from specdec_core.train.passages import MAX_WORDS, MIN_WORDS, documentation_passages, passage_pool
 from specdec_core.train.prompts import all_template_texts, derived_prompts, direct_prompts
 from tests.tiny_models import require
 
@@ -28,6 +31,7 @@ def _question_turns(path: Path) -> list[str]:
 def _prompts() -> list[str]:
     texts = [p.text for seed in range(3) for p in direct_prompts(2000, seed)]
     texts += [p.text for p in derived_prompts([("volcanoes", "Volcanoes are openings in the crust.")] * 200, seed=0)]
+    texts += [passage for _, passage in documentation_passages()]
     return texts + all_template_texts()
 
 
@@ -44,3 +48,25 @@ def test_no_prompt_overlaps_the_benchmark_questions():
 def test_the_check_would_see_a_copied_question():
     question = _question_turns(BENCH)[0]
     assert _shingles(f"Please answer: {question}") & _shingles(question)
+
+
+def test_human_passages_are_prose_of_a_passages_length():
+    passages = documentation_passages()
+    assert len(passages) > 200 and len({passage for _, passage in passages}) == len(passages)
+    for topic, passage in passages:
+        assert topic and MIN_WORDS <= len(passage.split()) <= MAX_WORDS, (topic, passage)
+        assert "\n" not in passage and ">>>" not in passage  # joined prose, no interpreter sessions
+
+
+def test_mixed_shards_read_human_passages_and_held_out_ones_only_from_their_own_pool():
+    settings = DataSettings(shards=20, per_shard=32, passages="mixed")
+    held, pools = held_out_shards(settings.shards), {flag: {p for _, p in passage_pool(flag)} for flag in (True, False)}
+    assert pools[True] and pools[False] and not pools[True] & pools[False]
+    for index in range(settings.shards):
+        # With no previous shard to read, every passage prompt is over a human passage.
+        prompts = passage_prompts(index, previous=[], tokenizer=None, settings=settings)
+        assert len(prompts) == settings.per_shard // 3
+        for prompt in prompts:
+            assert any(passage in prompt.text for passage in pools[index in held])
+            assert not any(passage in prompt.text for passage in pools[index not in held])
+    assert passage_prompts(3, previous=[], tokenizer=None, settings=DataSettings(shards=20)) == []

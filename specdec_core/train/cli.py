@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from ..cli import inform, run_guarded
+from .data import PASSAGE_SOURCES
 from .trainer import DATA_DTYPES, SAVE_DTYPES, TRAIN_DTYPES, TrainSettings, train
 
 
@@ -22,6 +23,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--per-shard", type=int, default=d.per_shard)
     p.add_argument("--gen-batch", type=int, default=d.gen_batch, help="prompts per batched generate")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="reply length cap in the data")
+    p.add_argument("--passages", choices=PASSAGE_SOURCES, default=d.passages,
+                   help="passages of the summarize / answer-from / translate prompts: the target's own writing, "
+                        "or half of them human prose (Python's reference documentation)")
     p.add_argument("--data-dtype", choices=["target", *sorted(DATA_DTYPES)], default=d.data_dtype,
                    help="what writes the data: the target as it decodes, or its weights in bf16 (faster on CPUs with AMX)")
     p.add_argument("--train-dtype", choices=sorted(TRAIN_DTYPES), default=d.train_dtype,

@@ -9,13 +9,15 @@ during generation itself, so no second target pass is needed). Each is written w
 renamed into place, the .jsonl last, so a crash loses at most the shard in progress and a rerun
 continues after the last full shard.
 Shard i > 0 also holds prompts built on passages the target wrote in shard i-1 (summarize,
-answer from it, translate it), so those families read the target's own text.
+answer from it, translate it), so those families read the target's own text. With
+`passages="mixed"`, half of those passages are human prose instead (train.passages).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +26,13 @@ import torch
 
 from ..chat import chat_prompt_ids
 from .features import capture_features
+from .passages import passage_pool
 from .prompts import Prompt, derived_prompts, direct_prompts
 
 # Greedy replies are what greedy acceptance is measured on; sampled ones widen what the head sees.
 MODES = ("greedy", "t0.7", "greedy", "t1.0")
 PASSAGE_TOKENS = 160  # a passage longer than this is cut (at a sentence end when there is one)
+PASSAGE_SOURCES = ("target", "mixed")  # passages the target wrote; half of them human prose instead
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class DataSettings:
     batch_size: int = 32
     max_new_tokens: int = 192
     seed: int = 0
+    passages: str = "target"  # one of PASSAGE_SOURCES
 
 
 def shard_path(data_dir: Path, index: int) -> Path:
@@ -106,15 +111,27 @@ def _shard_prompts(index: int, previous: list[dict], tokenizer, settings: DataSe
     return derived + direct
 
 
+def held_out_shards(count: int) -> set[int]:
+    return {i for i in range(count) if i % 10 == 8} or {count - 1}
+
+
 def passage_prompts(index: int, previous: list[dict], tokenizer, settings: DataSettings) -> list[Prompt]:
-    """Shard `index`'s prompts over passages from the previous shard's writing replies (up to a
-    third of the shard); the held-out split rebuilds them to keep their passages out of training."""
+    """Shard `index`'s prompts over passages (up to a third of the shard): from the previous
+    shard's writing replies, and with `passages="mixed"` as many human ones (held-out shards
+    draw them from the held-out pool). The held-out split rebuilds them to keep the held-out
+    shards' passages out of training."""
+    share = settings.per_shard // 3
+    written = share if settings.passages == "target" else share // 2
     passages = [
         (row.get("topic", ""), _passage(tokenizer, row["reply_ids"]))
         for row in previous
         if row["family"] == "writing" and len(row["reply_ids"]) >= 40
-    ][: settings.per_shard // 3]
-    return derived_prompts(passages, seed=settings.seed * 1_000_003 + index)
+    ][:written]
+    seed = settings.seed * 1_000_003 + index
+    if settings.passages == "mixed":
+        pool = passage_pool(held_out=index in held_out_shards(settings.shards))
+        passages += random.Random(seed).sample(pool, min(share - len(passages), len(pool)))
+    return derived_prompts(passages, seed=seed)
 
 
 def _passage(tokenizer, reply_ids: list[int]) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..chat import chat_prompt_ids
-from .data import DataSettings, features_path, passage_prompts, read_shard, shard_path
+from .data import DataSettings, features_path, held_out_shards, passage_prompts, read_shard, shard_path
 
 
 @dataclass
@@ -35,10 +35,6 @@ class Sequence:
     @property
     def reply_tokens(self) -> int:
         return len(self.ids) - self.reply_start
-
-
-def held_out_shards(count: int) -> set[int]:
-    return {i for i in range(count) if i % 10 == 8} or {count - 1}
 
 
 def load_sequences(data_dir: Path, settings: DataSettings, tokenizer) -> tuple[list[Sequence], list[Sequence]]:

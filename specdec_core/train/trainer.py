@@ -49,6 +49,7 @@ class TrainSettings:
     per_shard: int = 32
     gen_batch: int = 32
     max_new_tokens: int = 192
+    passages: str = "target"  # what summarize / answer-from / translate prompts read (data.PASSAGE_SOURCES)
     # What writes the data: "target" (the target as it decodes) or "bfloat16" (its weights in bf16
     # on stock layers, see data_model: faster on CPUs with bf16 matrix units).
     data_dtype: str = "target"
@@ -84,7 +85,7 @@ class TrainSettings:
 
     @property
     def data_settings(self) -> DataSettings:
-        return DataSettings(self.shards, self.per_shard, self.gen_batch, self.max_new_tokens, self.seed)
+        return DataSettings(self.shards, self.per_shard, self.gen_batch, self.max_new_tokens, self.seed, self.passages)
 
 
 @dataclass
