@@ -73,6 +73,8 @@ def main() -> None:
     print("| prompts | family | replies | engine: accepted / drafted | trainer's measure on the same replies |")
     print("|---|---|---|---|---|")
     for name, prompts in prompt_sets.items():
+        if not prompts:  # --limit 0 or --trainer-prompts 0 leaves a set out
+            continue
         by_family: dict[str, list[int]] = {}
         for family, text in prompts:
             counts = by_family.setdefault(family, [0, 0, 0, 0, 0])
