@@ -4,7 +4,7 @@ folder's held-out greedy replies, exactly as the trainer measures its own head a
     python scripts/heldout_acceptance.py --work /work/runs/work_v4 --shards 104 --data-dtype bfloat16 \
         heads/smollm2-135m-eagle3 /work/runs/head_v4
 
-The data settings (--shards, --per-shard, --seed, --data-dtype) must be the run's: they decide
+The data settings (--shards, --per-shard, --seed, --data-dtype, --passages) must be the run's: they decide
 which shards are held out and, with --data-dtype other than "target", that the held-out replies
 are those the target itself wrote again. A held-out prompt that is one of this run's training
 prompts is left out, as the trainer does; a head trained on other data may still have trained on
@@ -25,6 +25,7 @@ import torch  # noqa: E402
 from specdec_core.drafters import Eagle3Head  # noqa: E402
 from specdec_core.presets.loading import load_preset  # noqa: E402
 from specdec_core.presets.sources import OFFLINE_PRESET  # noqa: E402
+from specdec_core.train.data import PASSAGE_SOURCES  # noqa: E402
 from specdec_core.train.trainer import TrainSettings, acceptance, evaluation_set, load_split  # noqa: E402
 
 
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--per-shard", type=int, default=TrainSettings("", "").per_shard)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dtype", default="target")
+    parser.add_argument("--passages", choices=PASSAGE_SOURCES, default="target")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
@@ -44,7 +46,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     settings = TrainSettings(args.preset, "-", work=args.work, shards=args.shards, per_shard=args.per_shard,
-                             seed=args.seed, data_dtype=args.data_dtype, k=args.k)
+                             seed=args.seed, data_dtype=args.data_dtype, passages=args.passages, k=args.k)
     models = load_preset(args.preset, load_draft=False, load_eagle=False)
     target = models.target
     _, heldout = load_split(settings, models.tokenizer)
