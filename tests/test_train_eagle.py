@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from specdec_core.drafters.eagle_head import Eagle3Head
 from specdec_core.presets.loading import load_preset
 from specdec_core.train.cli import main
+from specdec_core.train.data import shard_path
 from specdec_core.train.trainer import CHECKPOINT, TrainSettings, train
 from tests.tiny_models import tiny_llama
 
@@ -114,7 +115,8 @@ def test_the_same_seed_gives_the_same_head_and_another_seed_another(tmp_path, ti
     train(_settings(tiny_config, tmp_path / "same" / "head", data_work))
     same = load_file(str(tmp_path / "same" / "head" / "model.safetensors"))
     assert all(torch.equal(first[name], same[name]) for name in first)
-    train(_settings(tiny_config, tmp_path / "other" / "head", data_work, seed=1))
+    # Another seed writes other data (its prompts), so it gets a work folder of its own.
+    train(TrainSettings("tiny-train", str(tmp_path / "other" / "head"), config=str(tiny_config), **{**QUICK, "seed": 1}))
     other = load_file(str(tmp_path / "other" / "head" / "model.safetensors"))
     assert not torch.equal(first["fc.weight"], other["fc.weight"])
 
@@ -191,6 +193,13 @@ def test_an_out_folder_holding_something_else_is_refused_in_one_line(tmp_path, t
     file.write_text("x")
     assert main(["--preset", "tiny-train", "--config", str(tiny_config), "--out", str(file), *QUICK_ARGS]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_data_of_another_recipe_is_refused_before_anything_is_written(tmp_path, tiny_config, data_work):
+    settings = _settings(tiny_config, tmp_path / "d" / "head", data_work, passages="mixed", shards=3)
+    with pytest.raises(ValueError, match="data shards written with other settings \\(passages\\)"):
+        train(settings)
+    assert not shard_path(Path(settings.work) / "data", 2).exists()
 
 
 def test_the_entry_point_runs_as_a_module(tmp_path, tiny_config, data_work):

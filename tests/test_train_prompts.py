@@ -8,7 +8,9 @@ import json
 import re
 from pathlib import Path
 
-from specdec_core.train.data import DataSettings, held_out_shards, passage_prompts
+import pytest
+
+from specdec_core.train.data import DataSettings, generate_data, held_out_shards, passage_prompts
 from specdec_core.train.passages import MAX_WORDS, MIN_WORDS, documentation_passages, passage_pool
 from specdec_core.train.prompts import all_template_texts, derived_prompts, direct_prompts
 from tests.tiny_models import require
@@ -70,3 +72,11 @@ def test_mixed_shards_read_human_passages_and_held_out_ones_only_from_their_own_
             assert any(passage in prompt.text for passage in pools[index in held])
             assert not any(passage in prompt.text for passage in pools[index not in held])
     assert passage_prompts(3, previous=[], tokenizer=None, settings=DataSettings(shards=20)) == []
+
+
+def test_a_data_folder_keeps_the_recipe_its_shards_were_written_with(tmp_path):
+    layers = (1, 2, 3)
+    generate_data(None, None, tmp_path, DataSettings(shards=4), layers, indices=[])
+    generate_data(None, None, tmp_path, DataSettings(shards=8), layers, indices=[])  # more of the same data
+    with pytest.raises(ValueError, match="other settings \\(passages, writer\\)"):
+        generate_data(None, None, tmp_path, DataSettings(shards=8, passages="mixed"), layers, indices=[], writer="bfloat16")

@@ -19,7 +19,7 @@ import json
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ from .prompts import Prompt, derived_prompts, direct_prompts
 MODES = ("greedy", "t0.7", "greedy", "t1.0")
 PASSAGE_TOKENS = 160  # a passage longer than this is cut (at a sentence end when there is one)
 PASSAGE_SOURCES = ("target", "mixed")  # passages the target wrote; half of them human prose instead
+SETTINGS_FILE = "data_settings.json"  # what a folder's shards were written with
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,19 @@ def generate_data(
     progress: Callable[[int, int], None] | None = None,
     indices: list[int] | None = None,
     out_dir: Path | None = None,
+    writer: str = "target",
 ) -> list[Path]:
     """Write shards `indices` (default 0..settings.shards-1) that are not on disk yet; return their
     paths. `model_factory()` gives the model that writes them, called only when a shard is missing.
     With `out_dir`, shards of `data_dir` are written again there by another model: the same
-    prompts (those over passages read from data_dir's shard before), modes and seeds."""
+    prompts (those over passages read from data_dir's shard before), modes and seeds. `writer`
+    names the model that writes (the target, or its weights in another dtype); a folder whose
+    shards were written with other settings or by another writer is refused (ValueError)."""
     data_dir = Path(data_dir)
     out_dir = Path(out_dir) if out_dir is not None else data_dir
     indices = list(range(settings.shards)) if indices is None else indices
     out_dir.mkdir(parents=True, exist_ok=True)
+    _claim(out_dir, {**asdict(settings), "layer_ids": list(layer_ids), "writer": writer})
     model = None
     for done, index in enumerate(indices, start=1):
         path = shard_path(out_dir, index)
@@ -102,6 +107,24 @@ def generate_data(
         if progress:
             progress(done, len(indices))
     return [shard_path(out_dir, index) for index in indices]
+
+
+def _claim(out_dir: Path, recipe: dict) -> None:
+    """Record the recipe of a new folder's shards, or check an old folder's against it: a rerun
+    with another --passages, --seed or reply length would otherwise add shards of another recipe
+    beside the old ones, and train on both without a word. The shard count may grow."""
+    recipe = {k: v for k, v in recipe.items() if k != "shards"}
+    path = out_dir / SETTINGS_FILE
+    if path.exists():
+        written = json.loads(path.read_text())
+        changed = sorted(k for k in recipe if written.get(k) != recipe[k])
+        if changed:
+            raise ValueError(
+                f"{out_dir} holds data shards written with other settings ({', '.join(changed)}): "
+                "rerun with them, or give another --work"
+            )
+    elif not any(out_dir.glob("shard-*.jsonl")):  # a folder from before the record: left unchecked
+        _write_atomically(path, [recipe])
 
 
 def _shard_prompts(index: int, previous: list[dict], tokenizer, settings: DataSettings) -> list[Prompt]:

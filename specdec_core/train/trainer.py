@@ -117,7 +117,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     data_dir = work / "data"
     with tqdm(total=settings.shards, desc="data shards", unit="shard") as bar:
         generate_data(lambda: data_model(settings, target), tokenizer, data_dir, settings.data_settings, layer_ids,
-                      progress=lambda done, total: bar.update(done - bar.n))
+                      progress=lambda done, total: bar.update(done - bar.n), writer=settings.data_dtype)
     if settings.rewrites_heldout:
         held = sorted(held_out_shards(settings.shards))
         with tqdm(total=len(held), desc="held-out shards by the target", unit="shard") as bar:
