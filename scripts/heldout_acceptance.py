@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--per-shard", type=int, default=TrainSettings("", "").per_shard)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dtype", default="target")
-    parser.add_argument("--passages", choices=PASSAGE_SOURCES, default="target")
+    parser.add_argument("--passages", choices=PASSAGE_SOURCES, default=TrainSettings("", "").passages)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()

@@ -116,15 +116,16 @@ def _claim(out_dir: Path, recipe: dict) -> None:
     recipe = {k: v for k, v in recipe.items() if k != "shards"}
     path = out_dir / SETTINGS_FILE
     if path.exists():
-        written = json.loads(path.read_text())
-        changed = sorted(k for k in recipe if written.get(k) != recipe[k])
-        if changed:
-            raise ValueError(
-                f"{out_dir} holds data shards written with other settings ({', '.join(changed)}): "
-                "rerun with them, or give another --work"
-            )
+        refuse_other_settings(read_shard(path)[0], recipe, f"{out_dir} holds data shards written")
     elif not any(out_dir.glob("shard-*.jsonl")):  # a folder from before the record: left unchecked
         _write_atomically(path, [recipe])
+
+
+def refuse_other_settings(recorded: dict, wanted: dict, holder: str) -> None:
+    """Raise a one-line ValueError naming the settings in which `recorded` differs from `wanted`."""
+    changed = sorted(k for k in wanted if recorded.get(k) != wanted[k])
+    if changed:
+        raise ValueError(f"{holder} with other settings ({', '.join(changed)}): rerun with them, or give another --work")
 
 
 def _shard_prompts(index: int, previous: list[dict], tokenizer, settings: DataSettings) -> list[Prompt]:

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..drafters.eagle_head import Eagle3Head, default_layer_ids
 from ..presets.loading import load_plain_target, load_preset
-from .data import DataSettings, generate_data
+from .data import DataSettings, generate_data, refuse_other_settings
 from .dataset import Sequence, coverage, draft_vocabulary, held_out_shards, load_sequences, make_batch, same_prompts
 from .outputs import check_out, write_outputs
 from .ttt import Acceptance, measure_acceptance, ttt_loss
@@ -304,9 +304,7 @@ def _resume(work: Path, settings: TrainSettings, head, optimizer, scheduler) -> 
     if not path.exists():
         return Progress()
     state = torch.load(path, weights_only=False)
-    if state["settings"] != settings.fingerprint():
-        changed = sorted(k for k in settings.fingerprint() if state["settings"].get(k) != settings.fingerprint()[k])
-        raise ValueError(f"{path} is a run with other settings ({', '.join(changed)}): rerun with them, or give another --work")
+    refuse_other_settings(state["settings"], settings.fingerprint(), f"{path} is a run")
     head.load_state_dict(state["head"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
