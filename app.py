@@ -488,6 +488,7 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
     base_stats = base_ids = None
     base_points: list[tuple[float, int]] = []
     if settings.compare:  # baseline first, then speculative: each has the device to itself
+        engine_for(models, settings, baseline=False).share_reading(prompt_ids)  # both read it alike
         engine = engine_for(models, settings, baseline=True)
         chart = S.Throttle(PLOT_INTERVAL_S, time.monotonic)
         for text, markup, stats, token_ids, _ in stream_reply(engine, prompt_ids, params, stop):

@@ -3,7 +3,9 @@ blocks (`cpu_weights: fp32 | gguf`), measured alternately so both see the same m
 
     python scripts/cpu_weights_costs.py --threads 2 --contexts 64,256,729 --sizes 1,5,9 --repeats 15
 
-and a prefill of the longest context from an empty cache (reading a prompt), alternated too.
+and a prefill of the longest context (or of each --prefills length) from an empty cache (reading
+a prompt), alternated too, with the 4-bit model also reading it on the int4 kernel alone
+("gguf-kernel-prompts": long calls no longer unpack the weights, see int4_linear.DENSE_ROWS).
 
 Variants: fp32 (dequantised, prepacked: what `cpu_weights: fp32` loads), gguf (every Q4_1 layer
 and the Q8_0 head on the int4 kernel: what `cpu_weights: gguf` loads), gguf-fp32-head (the
@@ -22,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -29,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from specdec_core.bench.machine import load_average, weight_bytes_read_per_step  # noqa: E402
+from specdec_core import int4_linear  # noqa: E402
 from specdec_core.int4_linear import use_gguf_weights  # noqa: E402
 from specdec_core.packed_linear import pack_linear_layers  # noqa: E402
 from specdec_core.presets.loading import load_plain_target, load_preset  # noqa: E402
@@ -59,6 +63,17 @@ def variants(with_draft: bool = False, with_bf16: bool = False) -> dict[str, tor
     return found
 
 
+@contextmanager
+def _kernel_only(on: bool):
+    """Every call of the 4-bit layers on the int4 kernel, however many rows (when on)."""
+    kept = int4_linear.DENSE_ROWS
+    int4_linear.DENSE_ROWS = 2**62 if on else kept
+    try:
+        yield
+    finally:
+        int4_linear.DENSE_ROWS = kept
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -67,6 +82,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--with-draft", action="store_true", help="also time the preset's nf4 draft model")
     parser.add_argument("--with-bf16", action="store_true", help="also time the weights in bf16 on stock layers")
+    parser.add_argument("--prefills", help="prompt lengths to time reading (default: the longest context)")
     parser.add_argument("--out", help="also write the result as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -78,7 +94,9 @@ def main() -> int:
     for name, size in result["weight_bytes_per_step"].items():
         print(f"{name:15s} reads {size / 1e6:.0f} MB of weights per step", flush=True)
     load_before = load_average()
-    tokens = torch.randint(0, 49152, (max(contexts) + max(sizes),), generator=torch.Generator().manual_seed(0)).tolist()
+    lengths = [int(n) for n in args.prefills.split(",")] if args.prefills else [max(contexts)]
+    longest = max(max(contexts) + max(sizes), *lengths)
+    tokens = torch.randint(0, 49152, (longest,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.inference_mode():
         for context in contexts:
             runners = {name: CachedModel(model) for name, model in models.items()}
@@ -100,18 +118,23 @@ def main() -> int:
                 median = statistics.median(values)
                 result["ms"][f"{name} ctx={context} n={size}"] = round(median, 2)
                 print(f"{name:15s} context {context:4d} tokens {size}: {median:6.1f} ms", flush=True)
-        # reading a prompt: a prefill from an empty cache over the longest context
-        prefill: dict[str, list[float]] = {name: [] for name in models}
-        for rep in range(max(3, args.repeats // 3)):
-            for name in list(models)[rep % len(models):] + list(models)[: rep % len(models)]:
-                runner = CachedModel(models[name])
-                started = time.perf_counter()
-                runner.forward(tokens[: max(contexts)], last_only=True)
-                prefill[name].append((time.perf_counter() - started) * 1000)
-        for name, values in prefill.items():
-            median = statistics.median(values)
-            result["ms"][f"{name} prefill={max(contexts)}"] = round(median, 1)
-            print(f"{name:15s} prefill of {max(contexts)} tokens: {median:7.1f} ms", flush=True)
+        # reading a prompt: a prefill from an empty cache (of the longest context, or --prefills);
+        # "gguf-kernel-prompts" is the 4-bit model reading it on the int4 kernel, as before
+        # long calls read on the unpacked weights (int4_linear.DENSE_ROWS)
+        readers = {**models, "gguf-kernel-prompts": models["gguf"]}
+        for length in lengths:
+            prefill: dict[str, list[float]] = {name: [] for name in readers}
+            for rep in range(max(3, args.repeats // 3)):
+                for name in list(readers)[rep % len(readers):] + list(readers)[: rep % len(readers)]:
+                    runner = CachedModel(readers[name])
+                    with _kernel_only(name == "gguf-kernel-prompts"):
+                        started = time.perf_counter()
+                        runner.forward(tokens[:length], last_only=True)
+                        prefill[name].append((time.perf_counter() - started) * 1000)
+            for name, values in prefill.items():
+                median = statistics.median(values)
+                result["ms"][f"{name} prefill={length}"] = round(median, 1)
+                print(f"{name:19s} prefill of {length} tokens: {median:7.1f} ms", flush=True)
     result["load_average"] = {"before": load_before, "after": load_average()}
     print(f"load average before {load_before}, after {load_average()}")
     if args.out:

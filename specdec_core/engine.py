@@ -155,6 +155,17 @@ class SpeculativeEngine:
     def _new_policy(self, draft_length: int, adaptive: bool, timed: bool) -> DraftLengthPolicy:
         return DraftLengthPolicy(draft_length, adaptive, timed=timed, drafter_chooses=self.drafter.chooses_length)
 
+    def share_reading(self, prompt_ids: list[int]) -> None:
+        """Crop the target's kept cache to where this engine would start reading `prompt_ids`,
+        so that an engine sharing the cache and run on the same prompt first (the app's
+        side-by-side baseline) reads it in the same call as this one. A token read in a call of
+        another size rounds apart in its last bits (the 4-bit layers' long calls, the stock
+        attention of prompts), and the two replies could then part at a tie of two logits; a
+        drafter that reads the target's features (EAGLE) makes this engine start further back."""
+        context = self._checked_prompt(prompt_ids)
+        self.drafter.reset(context)
+        self._target.keep_shared(context, at_most=self.drafter.features_from())
+
     def forget(self) -> None:
         """Drop what the target and the drafter kept from earlier generations, so the next one
         reads its whole prompt (the benchmark starts every timed run like this)."""

@@ -28,6 +28,15 @@ What changes numerically, against the fp32 weights transformers dequantises from
   - each row is computed alone: the output for a row is bitwise the same whether the call
     carries 1 row or 9 (checked), so a verify step over drafts sees exactly what single steps
     see and greedy speculation stays token-for-token identical to plain decoding.
+  - a call over DENSE_ROWS rows or more (reading a prompt) runs as one matmul over the weight
+    unpacked from the kernel's buffer: in bf16 where oneDNN has bf16 matmuls (the weight
+    (q - 8) * scale + zero, computed in fp32, is rounded to bf16 once: up to 2^-9 of itself;
+    fp32 sums, a bf16 output), in fp32 elsewhere. The kernel dequantises every group again for
+    each 4 rows, so a 729-token prompt took 1.30 s on it and takes 0.49-0.54 s so (Intel Xeon with
+    AMX, 2 threads; the break-even is about 100 rows). Such rows differ from the kernel's in
+    their last bits, so a token's keys and values depend on the call it was read in: engines
+    compared token for token read a prompt from the same cache state, in the same calls (the
+    bench: from an empty cache; the app's side by side: SpeculativeEngine.share_reading).
 The model the user runs is then this 4-bit model; every method that decodes with it,
 baseline, speculative and Hugging Face's `generate()`, runs the same layers.
 
@@ -53,6 +62,9 @@ _KERNEL_DTYPE = torch.bfloat16
 # decoding the file's blocks (before the bf16 rounding) must give transformers' fp32 weights
 # up to float32 rounding of m + 8d: a mismatch means a wrong tensor, layout or permutation
 _DECODE_RTOL, _DECODE_ATOL = 1e-6, 1e-7  # of the largest weight of the tensor
+# rows from which a call unpacks its weight rather than run the kernel (see Int4Linear): unpacking
+# the offline model's layers costs about as much as the kernel over 100 rows (Intel Xeon, 2 threads)
+DENSE_ROWS = 128
 _CHECK_STRIDE = 5  # rows checked: 0, 5, 10, ... (coprime with the rope pairing of q/k rows)
 HANDLED_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 _ARCHITECTURE = "general.architecture"
@@ -112,7 +124,11 @@ def _nibbles(packed: np.ndarray) -> torch.Tensor:
 class Int4Linear(nn.Module):
     """y = x W^T (+ bias) with W held as groupwise int4 (see Groups), on torch's CPU kernel.
 
-    forward: x [..., in_features] (any float dtype) -> [..., out_features] in x's dtype."""
+    forward: x [..., in_features] (any float dtype) -> [..., out_features] in x's dtype.
+
+    A call over at least DENSE_ROWS rows (reading a prompt) unpacks the weight for that call
+    instead: the kernel dequantises every group again for each 4 rows it computes, so a
+    700-token prompt paid for 175 dequantisations of the whole model (see dense_weight)."""
 
     def __init__(self, groups: Groups, bias: torch.Tensor | None = None, gguf_type: str = "") -> None:
         super().__init__()
@@ -124,14 +140,32 @@ class Int4Linear(nn.Module):
         scales_and_zeros = torch.stack([groups.scale.T, groups.zero.T], dim=-1).to(_KERNEL_DTYPE).contiguous()
         self.register_buffer("scales_and_zeros", scales_and_zeros)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.packing_block = _packing_block(self.packed, groups.q)  # None: no dense path
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
         if self.reads_input > 1:
             rows = rows.repeat(1, self.reads_input)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+        if len(rows) >= DENSE_ROWS and self.packing_block is not None:
+            y = (rows.to(_dense_dtype()) @ self.dense_weight()).to(_KERNEL_DTYPE)  # bf16, as the kernel's
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def dense_weight(self) -> torch.Tensor:
+        """W^T [K, N] as the kernel computes it, (q - 8) * scale + zero in fp32 from the bf16
+        scales, unpacked from the kernel's own buffer (no second copy of the weights is kept) and
+        stored in _dense_dtype(): bf16 where oneDNN has bf16 matmuls (one more rounding of the
+        weight, of 2^-9, and a bf16 output as the kernel's), fp32 elsewhere."""
+        width = self.packed.shape[1] * 2
+        block = self.packing_block
+        halves = self.packed.view(-1, width, block // 2)  # [N / block, K, block / 2]
+        q = torch.cat([halves & 15, halves >> 4], dim=-1).permute(1, 0, 2)  # [K, N / block, block]
+        q = q.reshape(width // GROUP, GROUP, self.out_features).float()
+        scale, zero = self.scales_and_zeros.float().unbind(-1)  # [K / GROUP, N] each
+        weight = q.sub_(8).mul_(scale[:, None]).add_(zero[:, None])
+        return weight.view(width, self.out_features).to(_dense_dtype())
 
     def _apply(self, fn, recurse=True):
         # model.to(dtype) would cast the scales too, and the kernel takes bf16 scales only: keep
@@ -143,6 +177,30 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, gguf={self.gguf_type}"
+
+
+def _packing_block(packed: torch.Tensor, q: torch.Tensor) -> int | None:
+    """The block of rows in which torch's CPU packing put `q` (int32 [N, K]) into `packed`, laid
+    out [N / block, K, block / 2] with row j + block / 2 of a block in the high nibble of row j's
+    byte: 64 rows a block with AVX-512, 32 otherwise. The layout is the kernel's own business, so
+    it is tried here on the first and last blocks against q itself; None (no dense path: the
+    kernel serves every call) when no known layout reproduces them."""
+    rows, width = q.shape
+    for block in (64, 32):
+        if rows % block or packed.shape != (rows, width // 2):
+            continue
+        halves = packed.view(-1, width, block // 2)[[0, -1]]
+        unpacked = torch.cat([halves & 15, halves >> 4], dim=-1)  # [2, K, block]
+        expected = torch.stack([q[:block].T, q[-block:].T]).to(torch.uint8)
+        if torch.equal(unpacked, expected):
+            return block
+    return None
+
+
+@cache
+def _dense_dtype() -> torch.dtype:
+    """bf16 where oneDNN runs bf16 matmuls natively (AVX-512 BF16, AMX), else fp32."""
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
 
 
 @dataclass(frozen=True)

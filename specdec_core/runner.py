@@ -178,11 +178,15 @@ class KeptRunner:
         return measure() if measure is not None else 0
 
     def start(self, sequence: list[int], at_most: int | None = None) -> CachedModel:
+        """The runner for a new generation of `sequence` (`generation` counts it), its cache
+        cropped as keep_shared does."""
+        self.generation += 1
+        return self.keep_shared(sequence, at_most)
+
+    def keep_shared(self, sequence: list[int], at_most: int | None = None) -> CachedModel:
         """The runner, its cache cropped to the longest prefix it shares with sequence[:-1]
         (the last token is always left to read: it yields the next token's distribution), and
-        to at most `at_most` tokens (a drafter needs the target's features from there on).
-        A new generation: `generation` counts it."""
-        self.generation += 1
+        to at most `at_most` tokens (a drafter needs the target's features from there on)."""
         if self._runner is None:
             self._runner, self._held = self._make_runner(self._model), []
         shared = shared_prefix_length(self._held, sequence[:-1])

@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from specdec_core import int4_linear
-from specdec_core.int4_linear import GROUP, Groups, Int4Linear, decode_blocks, kernel_problem, use_gguf_weights
+from specdec_core import SamplingParams, int4_linear
+from specdec_core.int4_linear import DENSE_ROWS, GROUP, Groups, Int4Linear, decode_blocks, kernel_problem, use_gguf_weights
 from tests.tiny_models import require
 
 from gguf import GGMLQuantizationType  # a requirement: transformers reads GGUF files with it
@@ -76,6 +76,39 @@ def test_a_row_gets_the_same_output_alone_as_in_a_batch():
     together = layer(x)
     for i in range(len(x)):
         assert torch.equal(layer(x[i : i + 1]), together[i : i + 1])
+
+
+@pytest.mark.parametrize("dense_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("type_name", TYPES)
+def test_a_long_call_unpacks_the_weight_and_agrees_with_the_kernel_within_one_bf16_rounding(
+        type_name, dense_dtype, monkeypatch):
+    """Reading a prompt (DENSE_ROWS rows or more) runs one matmul over the weight unpacked from the
+    kernel's own buffer; its rows agree with the kernel's, computed a few rows a call, within a
+    bf16 rounding of each weight (where matmuls run in bf16) and of y in each. Both matmul
+    dtypes are checked here, whichever this CPU picks."""
+    _kernel_available()
+    monkeypatch.setattr(int4_linear, "_dense_dtype", lambda: dense_dtype)
+    raw, weight = _quantised(128, 6 * GROUP, type_name)
+    layer = Int4Linear(decode_blocks(raw, type_name), bias=torch.randn(128), gguf_type=type_name)
+    assert layer.packing_block in (64, 32)  # torch's layouts for AVX-512 and for AVX2 / plain C++
+    unpacked = []
+    monkeypatch.setattr(layer, "dense_weight", lambda unpack=layer.dense_weight: unpacked.append(1) or unpack())
+    x = torch.randn(DENSE_ROWS + 5, layer.in_features)
+    long_call = layer(x)
+    assert unpacked == [1]
+    by_kernel = torch.cat([layer(part) for part in x.split(DENSE_ROWS - 1)])
+    assert unpacked == [1] and long_call.shape == by_kernel.shape == (len(x), 128)
+    scale = x.abs() @ weight.abs().T
+    assert ((long_call - by_kernel).abs() <= 2**-8 * scale + 2**-8 * by_kernel.abs() + 1e-6).all()
+
+
+def test_a_layer_whose_packing_is_not_recognised_reads_long_inputs_on_the_kernel():
+    _kernel_available()
+    raw, _ = _quantised(64, 2 * GROUP, "Q4_1")
+    layer = Int4Linear(decode_blocks(raw, "Q4_1"))
+    layer.packing_block = None  # as for a layout this code does not know
+    x = torch.randn(DENSE_ROWS, layer.in_features)
+    assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
 
 
 def test_a_dtype_cast_of_the_model_leaves_the_kernels_scales_in_bf16():
@@ -213,6 +246,17 @@ def test_the_eagle_head_of_the_4bit_target_runs_on_q8_0_groups_of_its_weights(sm
     assert "quantization q8_0 on int4 kernels" in smollm2_gguf.describe().splitlines()[-1]
 
 
+_PASSAGE = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a can of oil "
+    "and a cloth for the lens. The island had no trees, only grass bent flat by the wind, a stone cottage, "
+    "a vegetable garden behind a low wall, and a shed where the supply boat left flour, coal and letters "
+    "once a month. In winter the boat often could not land for weeks, and the keeper counted the sacks "
+    "of flour against the days left until spring. He kept a log of every ship he saw, the weather at "
+    "each watch, and the hours the lamp burned, and he sent the log to the harbour master each spring."
+)
+_SUMMARIZE = "Summarize this passage in two sentences:\n\n" + _PASSAGE
+
+
 @pytest.mark.parametrize("message", [
     "Repeat this list twice: apples, pears, plums, cherries.",
     "Write a Python function that returns the squares of a list of numbers.",
@@ -230,6 +274,7 @@ def test_every_drafter_on_the_4bit_target_gives_hf_generates_tokens(smollm2_gguf
 
     models = smollm2_gguf
     prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": message}])
+    assert len(prompt) < DENSE_ROWS
     hf = models.target.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                 max_new_tokens=40, do_sample=False)[0, len(prompt):].tolist()
     params = SamplingParams(max_new_tokens=40)
@@ -245,6 +290,50 @@ def test_every_drafter_on_the_4bit_target_gives_hf_generates_tokens(smollm2_gguf
         assert result.token_ids == hf, name
     for name in ("prompt_lookup", "model", "eagle", "hybrid"):
         assert results[name].stats.drafted_tokens > 0, name
+
+
+def test_every_drafter_on_the_4bit_target_reads_a_long_prompt_as_plain_decoding_does(smollm2_gguf):
+    """A prompt of DENSE_ROWS tokens or more is read in one call on the unpacked weights (bf16
+    where matmuls run in bf16); every engine reading it from an empty cache reads it alike, so
+    greedy speculation still gives plain decoding's tokens. (Hugging Face's generate() reads the
+    prompt's last token in that call too, where our engine reads it in its first step on the
+    kernel: the two round apart, and on this prompt part at the seventh token.)"""
+    models = smollm2_gguf
+    prompt = _prompt(models, _SUMMARIZE)
+    assert len(prompt) > DENSE_ROWS
+    params = SamplingParams(max_new_tokens=40)
+    engines = {drafter: models.make_engine(drafter=drafter, adaptive=False)
+               for drafter in ("none", "prompt_lookup", "model", "eagle", "hybrid")}
+    results = {}
+    for drafter, engine in engines.items():
+        engine.forget()  # the engines share the target's kept cache: each reads the prompt afresh
+        results[drafter] = engine.generate(prompt, params)
+    for drafter, result in results.items():
+        assert result.token_ids == results["none"].token_ids, drafter
+        assert drafter == "none" or result.stats.drafted_tokens > 0, drafter
+
+
+def test_an_engine_sharing_the_kept_cache_reads_a_prompt_as_the_eagle_engine_will(smollm2_gguf):
+    """The app's side by side runs the baseline first, then the speculative engine, on one kept
+    cache of the target. After the EAGLE engine had read another long prompt, the baseline read
+    this one from the cache's shared prefix and the head's engine re-read it from where the
+    head's features ended: in other calls, which rounded apart, and the replies parted at the
+    seventh token. share_reading() first crops the cache to where the EAGLE engine will start."""
+    models = smollm2_gguf
+    params = SamplingParams(max_new_tokens=40)
+    eagle, plain_engine = models.make_engine(drafter="eagle", adaptive=False), models.make_engine(drafter="none")
+    eagle.forget()
+    eagle.generate(_prompt(models, "Translate to French: " + _PASSAGE), params)
+    prompt = _prompt(models, _SUMMARIZE)
+    eagle.share_reading(prompt)
+    plain = plain_engine.generate(prompt, params).token_ids
+    assert eagle.generate(prompt, params).token_ids == plain
+
+
+def _prompt(models, message: str) -> list[int]:
+    from specdec_core.chat import chat_prompt_ids
+
+    return chat_prompt_ids(models.tokenizer, [{"role": "user", "content": message}])
 
 
 def test_on_the_4bit_target_a_verify_steps_rows_are_bitwise_its_one_token_steps(smollm2_gguf):
