@@ -3,7 +3,8 @@ the previous turn, and reading the whole conversation again (`engine.forget()` f
 
     python scripts/chat_ttft.py                      # smollm2-135m-local, prompt lookup
 
-Each turn's reply must be the same both ways (greedy); the script says so per turn.
+The script says per turn whether the (greedy) reply was the same both ways: a token's last bits
+depend on the call that read it, so at an exact tie of two logits they can part.
 """
 
 from __future__ import annotations
