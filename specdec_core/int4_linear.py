@@ -159,9 +159,7 @@ class Int4Linear(nn.Module):
         stored in _dense_dtype(): bf16 where oneDNN has bf16 matmuls (one more rounding of the
         weight, of 2^-9, and a bf16 output as the kernel's), fp32 elsewhere."""
         width = self.packed.shape[1] * 2
-        block = self.packing_block
-        halves = self.packed.view(-1, width, block // 2)  # [N / block, K, block / 2]
-        q = torch.cat([halves & 15, halves >> 4], dim=-1).permute(1, 0, 2)  # [K, N / block, block]
+        q = _unpacked(self.packed, self.packing_block).permute(1, 0, 2)  # [K, N / block, block]
         q = q.reshape(width // GROUP, GROUP, self.out_features).float()
         scale, zero = self.scales_and_zeros.float().unbind(-1)  # [K / GROUP, N] each
         weight = q.sub_(8).mul_(scale[:, None]).add_(zero[:, None])
@@ -189,18 +187,29 @@ def _packing_block(packed: torch.Tensor, q: torch.Tensor) -> int | None:
     for block in (64, 32):
         if rows % block or packed.shape != (rows, width // 2):
             continue
-        halves = packed.view(-1, width, block // 2)[[0, -1]]
-        unpacked = torch.cat([halves & 15, halves >> 4], dim=-1)  # [2, K, block]
+        first_and_last = _unpacked(packed, block)[[0, -1]]  # [2, K, block]
         expected = torch.stack([q[:block].T, q[-block:].T]).to(torch.uint8)
-        if torch.equal(unpacked, expected):
+        if torch.equal(first_and_last, expected):
             return block
     return None
 
 
+def _unpacked(packed: torch.Tensor, block: int) -> torch.Tensor:
+    """uint8 [N, K / 2] packed in blocks of `block` rows (see _packing_block) -> q, uint8
+    [N / block, K, block]: entry [b, k, j] is weight (b * block + j, k)."""
+    halves = packed.view(-1, packed.shape[1] * 2, block // 2)  # [N / block, K, block / 2]
+    return torch.cat([halves & 15, halves >> 4], dim=-1)
+
+
 @cache
 def _dense_dtype() -> torch.dtype:
-    """bf16 where oneDNN runs bf16 matmuls natively (AVX-512 BF16, AMX), else fp32."""
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    """bf16 where oneDNN runs bf16 matmuls natively (AVX-512 BF16, AMX), else fp32 (a torch
+    build without oneDNN included)."""
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        return torch.bfloat16 if supported is not None and supported() else torch.float32
+    except RuntimeError:
+        return torch.float32
 
 
 @dataclass(frozen=True)
