@@ -142,6 +142,36 @@ class Int4Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.packing_block = _packing_block(self.packed, groups.q)  # None: no dense path
 
+    @classmethod
+    def stacked(cls, layers: list[Int4Linear]) -> Int4Linear | None:
+        """One layer computing the outputs of `layers` (same input, no bias) side by side in one
+        kernel call: [x W1^T, x W2^T, ...]. Its packed weight is theirs laid end to end, and each
+        layer's `packed` becomes a view of it, so no weight is held twice. The kernel computes
+        each output column alone, so the stacked call gives bitwise each layer's own output where
+        the packing's blocks of rows don't straddle two layers: checked on a probe here. None
+        where it does not hold (nothing is changed then)."""
+        first = layers[0]
+        if any(layer.bias is not None or layer.reads_input != 1 or layer.in_features != first.in_features
+               for layer in layers):
+            return None
+        stack = cls.__new__(cls)
+        nn.Module.__init__(stack)
+        stack.out_features, stack.in_features = sum(layer.out_features for layer in layers), first.in_features
+        stack.reads_input, stack.gguf_type = 1, "+".join(sorted({layer.gguf_type for layer in layers}))
+        stack.register_buffer("packed", torch.cat([layer.packed for layer in layers]))
+        stack.register_buffer("scales_and_zeros", torch.cat([layer.scales_and_zeros for layer in layers], dim=1))
+        stack.register_buffer("bias", None)
+        blocks = {layer.packing_block for layer in layers}
+        stack.packing_block = blocks.pop() if len(blocks) == 1 else None
+        probe = torch.randn(3, first.in_features, generator=torch.Generator().manual_seed(0)).to(_KERNEL_DTYPE)
+        if not torch.equal(stack.kernel(probe), torch.cat([layer.kernel(probe) for layer in layers], dim=1)):
+            return None
+        start = 0
+        for layer in layers:
+            layer.packed = stack.packed[start : start + len(layer.packed)]
+            start += len(layer.packed)
+        return stack
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
         if self.reads_input > 1:
@@ -149,9 +179,13 @@ class Int4Linear(nn.Module):
         if len(rows) >= DENSE_ROWS and self.packing_block is not None:
             y = (rows.to(_dense_dtype()) @ self.dense_weight()).to(_KERNEL_DTYPE)  # bf16, as the kernel's
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+            y = self.kernel(rows)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        """The int4 kernel's product: bf16 rows [M, in_features * reads_input] -> bf16 [M, out_features]."""
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
 
     def dense_weight(self) -> torch.Tensor:
         """W^T [K, N] as the kernel computes it, (q - 8) * scale + zero in fp32 from the bf16

@@ -38,11 +38,12 @@ def load_smollm2_tokenizer():
 
 
 def _tiny(config_class, model_class, seed: int, vocab: int, init: float, **overrides):
-    """A 2-layer, 64-wide model of a real architecture, seeded; `init` scales the random weights."""
+    """A 2-layer, 64-wide model of a real architecture (unless `overrides` says otherwise), seeded;
+    `init` scales the random weights."""
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     config = config_class(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=init, bos_token_id=1, eos_token_id=2, pad_token_id=2, **overrides,
+        vocab_size=vocab, max_position_embeddings=512, initializer_range=init, bos_token_id=1, eos_token_id=2,
+        pad_token_id=2, **{**shape, **overrides},
     )
     torch.manual_seed(seed)
     return model_class(config).eval()

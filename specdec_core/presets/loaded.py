@@ -12,6 +12,7 @@ import torch
 from ..errors import LoadError
 from ..int4_linear import gguf_weight_summary
 from ..packed_linear import has_packed_layers
+from ..lean_layers import uses_lean_layers
 from ..row_attention import uses_row_exact_attention
 from .config import DRAFTERS, Preset
 
@@ -220,6 +221,8 @@ def _decode_path(runner: Callable | None, model=None) -> str:
         path += f", {gguf} on int4 kernels"
     if uses_row_exact_attention(model):
         path += ", row-exact attention"
+    if uses_lean_layers(model):
+        path += ", lean decoder layers"
     return f"{path}, prepacked weights" if has_packed_layers(model) else path
 
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 import torch
 
 from ..int4_linear import gguf_weight_summary
+from ..lean_layers import use_lean_layers
 from ..row_attention import use_row_exact_attention
 from .auto import choose_auto_preset
 from .config import AUTO, ModelSpec, Preset, load_config
@@ -237,13 +238,14 @@ def _use_gguf_weights(spec: ModelSpec, model, info: ModelInfo) -> tuple[ModelInf
 
 def _exact_rows(model) -> list[str]:
     """The 4-bit target's logits are bf16 and tie often: switch it to row-exact attention (see
-    row_attention), so a verify step breaks every tie as a 1-token step does, eager or compiled;
-    a note where that can't be done."""
+    row_attention), so a verify step breaks every tie as a 1-token step does, eager or compiled,
+    and its decoding steps to lean decoder layers (see lean_layers); a note where that can't be done."""
     problem = use_row_exact_attention(model)
-    if not problem:
-        return []
-    return [f"target: stock attention ({problem}): at a tie of its bf16 logits, greedy speculative output "
-            "may differ from plain decoding"]
+    if problem:
+        return [f"target: stock attention ({problem}): at a tie of its bf16 logits, greedy speculative output "
+                "may differ from plain decoding"]
+    problem = use_lean_layers(model)
+    return [f"target: transformers' decoder layers ({problem})"] if problem else []
 
 
 def _pack_for_cpu(role: str, model, info: list[ModelInfo]) -> list[str]:
