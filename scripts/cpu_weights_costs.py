@@ -8,7 +8,8 @@ a prompt), alternated too, with the 4-bit model also reading it on the int4 kern
 ("gguf-kernel-prompts": long calls no longer unpack the weights, see int4_linear.DENSE_ROWS).
 
 Variants: fp32 (dequantised, prepacked: what `cpu_weights: fp32` loads), gguf (every Q4_1 layer
-and the Q8_0 head on the int4 kernel: what `cpu_weights: gguf` loads), gguf-fp32-head (the
+and the Q8_0 head on the int4 kernel: what `cpu_weights: gguf` loads), gguf-stock-layers (the same
+on transformers' decoder layers, without lean_layers), gguf-fp32-head (the
 layers on int4, the head prepacked fp32), with --with-draft the preset's nf4 draft, and with
 --with-bf16 the weights in bf16 on stock layers with row-exact attention (the trainer's
 `--data-dtype bfloat16` model, on AMX where the CPU has it). For each context length the cache is filled once
@@ -52,9 +53,12 @@ def variants(with_draft: bool = False, with_bf16: bool = False) -> dict[str, tor
     mixed = AutoModelForCausalLM.from_pretrained(gguf_folder(path), dtype=torch.float32).eval()
     use_gguf_weights(mixed, path, include_head=False)
     pack_linear_layers(mixed)
+    stock = AutoModelForCausalLM.from_pretrained(gguf_folder(path), dtype=torch.float32).eval()
+    use_gguf_weights(stock, path)
+    use_row_exact_attention(stock)
     for models in (fp32, gguf):
         print(models.describe(), *models.notes, sep="\n", file=sys.stderr)
-    found = {"fp32": fp32.target, "gguf": gguf.target, "gguf-fp32-head": mixed}
+    found = {"fp32": fp32.target, "gguf": gguf.target, "gguf-stock-layers": stock, "gguf-fp32-head": mixed}
     if with_draft:  # the preset's nf4 draft (bitsandbytes), to compare with the 4-bit target
         found["nf4-draft"] = gguf.draft
     if with_bf16:

@@ -109,3 +109,20 @@ def test_other_models_keep_transformers_layers_and_say_why():
     fp32 = tiny_llama(seed=1, vocab=VOCAB, init=0.2, **STACKABLE)
     assert use_row_exact_attention(fp32) is None
     assert use_lean_layers(fp32) == "no decoder layer has 4-bit projections that stack on the int4 kernel"
+
+
+def test_compiled_steps_trace_transformers_layer_and_compute_what_they_did():
+    """CompiledSteps compiles a model's steps; under compile the lean step hands over to
+    transformers' layer (whose compiled rows test_compiled_runner checks), so a lean model's
+    compiled steps give bitwise what the same model's compiled steps give without lean layers."""
+    from specdec_core.compiled_runner import COMPILED_DYNAMIC, CompiledSteps
+
+    prompt, tokens = _tokens(0, 30), _tokens(1, 12)
+    rows = []
+    for model in _stock_and_lean():
+        steps = CompiledSteps(model, step_sizes=(1,), progress=False)
+        assert steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason
+        runner = steps()
+        runner.forward(prompt, last_only=True)
+        rows.append(torch.cat([runner.forward(tokens[i : i + 3]) for i in range(0, len(tokens), 3)]))
+    assert torch.equal(*rows)
