@@ -184,8 +184,10 @@ class Int4Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        """The int4 kernel's product: bf16 rows [M, in_features * reads_input] -> bf16 [M, out_features]."""
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+        """The int4 kernel's product: rows [M, in_features * reads_input] (rounded to bf16 here) ->
+        bf16 [M, out_features]."""
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(_KERNEL_DTYPE), self.packed, GROUP,
+                                                          self.scales_and_zeros)
 
     def dense_weight(self) -> torch.Tensor:
         """W^T [K, N] as the kernel computes it, (q - 8) * scale + zero in fp32 from the bf16

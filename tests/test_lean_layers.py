@@ -126,3 +126,19 @@ def test_compiled_steps_trace_transformers_layer_and_compute_what_they_did():
         runner.forward(prompt, last_only=True)
         rows.append(torch.cat([runner.forward(tokens[i : i + 3]) for i in range(0, len(tokens), 3)]))
     assert torch.equal(*rows)
+
+
+def test_a_deep_copy_steps_its_own_layers_and_a_second_call_changes_nothing():
+    stock, lean = _stock_and_lean()
+    assert use_lean_layers(lean) is None  # again: nothing stacked twice
+    twin, stock_twin = copy.deepcopy(lean), copy.deepcopy(stock)
+    with torch.no_grad():  # the copies' weights change; the original's steps must not see it
+        for model in (twin, stock_twin):
+            for layer in model.model.layers:
+                layer.post_attention_layernorm.weight.mul_(2)
+    tokens = _tokens(5, 24)
+    runners = [CachedModel(model) for model in (stock, lean, stock_twin, twin)]
+    outputs = [torch.cat([runner.forward(tokens[:20]), runner.forward(tokens[20:])]) for runner in runners]
+    assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[2], outputs[3])
+    assert not torch.equal(outputs[1], outputs[3])
+    assert uses_lean_layers(twin) and lean.get_memory_footprint() == stock.get_memory_footprint()
