@@ -13,10 +13,11 @@ layer gives (tested):
   - the norms, rotary embedding, cache update and activation are the layer's own modules and
     transformers' own function, and attention is row_exact_attention, called directly.
 A 1-token step takes about 4 ms less so (18.6 -> 14.6 ms on an AMD EPYC, interleaved; see
-scripts/cpu_weights_costs.py), a verify step as much. Only the steps it was written for take this path: one sequence,
-at most row_attention.MAX_ROWS new tokens (decoding, verifying drafts), eager. Reading a prompt,
-a batch (the EAGLE trainer's generate), a compiled step (CompiledSteps traces the stock layer, as
-tested there) run transformers' layer.
+scripts/cpu_weights_costs.py), a verify step as much. Compiled (CompiledSteps traces this step),
+the three calls saved still pay: 9.1 -> 8.4 ms, bitwise the same logits. Only the steps it was
+written for take this path: one sequence, at most row_attention.MAX_ROWS new tokens (decoding,
+verifying drafts). Reading a prompt and a batch (the EAGLE trainer's generate) run transformers'
+layer.
 """
 
 from __future__ import annotations
@@ -74,8 +75,7 @@ class _LeanStep:
     def __call__(self, hidden_states: torch.Tensor, attention_mask=None, position_embeddings=None, **kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         batch, rows, _ = hidden_states.shape
-        if batch != 1 or rows > MAX_ROWS or cache is None or position_embeddings is None \
-                or torch.compiler.is_compiling():
+        if batch != 1 or rows > MAX_ROWS or cache is None or position_embeddings is None:
             return self.stock(hidden_states, attention_mask=attention_mask, position_embeddings=position_embeddings,
                               **kwargs)
         layer = self.layer

@@ -111,20 +111,20 @@ def test_other_models_keep_transformers_layers_and_say_why():
     assert use_lean_layers(fp32) == "no decoder layer has 4-bit projections that stack on the int4 kernel"
 
 
-def test_compiled_steps_trace_transformers_layer_and_compute_what_they_did():
-    """CompiledSteps compiles a model's steps; under compile the lean step hands over to
-    transformers' layer (whose compiled rows test_compiled_runner checks), so a lean model's
-    compiled steps give bitwise what the same model's compiled steps give without lean layers."""
+def test_compiled_lean_steps_compute_what_compiled_transformers_layers_do():
+    """CompiledSteps traces the lean step too (one int4 call fewer per stacked projection pays
+    there as well); its rows, padded and in pieces, are bitwise what the same model's compiled
+    steps give on transformers' layers (whose rows test_compiled_runner checks against 1-token steps)."""
     from specdec_core.compiled_runner import COMPILED_DYNAMIC, CompiledSteps
 
     prompt, tokens = _tokens(0, 30), _tokens(1, 12)
     rows = []
     for model in _stock_and_lean():
-        steps = CompiledSteps(model, step_sizes=(1,), progress=False)
+        steps = CompiledSteps(model, step_sizes=(1, 4), progress=False)
         assert steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason
         runner = steps()
         runner.forward(prompt, last_only=True)
-        rows.append(torch.cat([runner.forward(tokens[i : i + 3]) for i in range(0, len(tokens), 3)]))
+        rows.append(torch.cat([runner.forward(tokens[i : i + size]) for i, size in ((0, 3), (3, 1), (4, 5), (9, 3))]))
     assert torch.equal(*rows)
 
 
