@@ -11,8 +11,8 @@ import torch
 
 from ..errors import LoadError
 from ..int4_linear import gguf_weight_summary
-from ..packed_linear import has_packed_layers
 from ..lean_layers import uses_lean_layers
+from ..packed_linear import has_packed_layers
 from ..row_attention import uses_row_exact_attention
 from .config import DRAFTERS, Preset
 

@@ -80,7 +80,7 @@ def load_preset(
         target_info, gguf_notes = _use_gguf_weights(preset.target, target, target_info)
         notes += gguf_notes
     if gguf_weight_summary(target):  # before compiling: the compiled steps keep it
-        notes += _exact_rows(target)
+        notes += _four_bit_steps(target)
     if load_eagle is None:
         load_eagle = preset.drafter in ("eagle", "hybrid")
     eagle_head = eagle_problem = eagle_info = None
@@ -236,7 +236,7 @@ def _use_gguf_weights(spec: ModelSpec, model, info: ModelInfo) -> tuple[ModelInf
     return info, notes
 
 
-def _exact_rows(model) -> list[str]:
+def _four_bit_steps(model) -> list[str]:
     """The 4-bit target's logits are bf16 and tie often: switch it to row-exact attention (see
     row_attention), so a verify step breaks every tie as a 1-token step does, eager or compiled,
     and its decoding steps to lean decoder layers (see lean_layers); a note where that can't be done."""
