@@ -27,8 +27,14 @@ shapes: the context length is a symbol, and one graph per step size serves every
   its graphs.
 - Compiling takes minutes on two cores the first time (about 4 for SmolLM2's four step sizes
   on the Intel Xeon VM); inductor keeps what it compiled on disk (its cache folder,
-  TORCHINDUCTOR_CACHE_DIR), and a later start takes a minute or two. So it is opt-in on CPU
-  (`compile: true`); `compile: auto` leaves CPUs eager.
+  TORCHINDUCTOR_CACHE_DIR), and a later start takes a minute or two. So `compile: auto`
+  compiles them in the background (`background=True`, for a 4-bit target): a thread compiles
+  while runners step eagerly, and each runner takes the compiled steps at the first generation
+  it begins once they are ready. That thread steps an untapped twin of the model (features.py),
+  so the background steps read no features. The compile gives way to decoding: its tracing is
+  Python and would hold the GIL against every step (_give_way). And
+  torch.compiler.is_compiling() is one flag for the process, true in every thread while one
+  compiles, so the cache asks torch.compiler.is_dynamo_compiling() instead.
 
 `CompiledSteps(model)` compiles (warms up) every bucket when it is built; calling it returns a
 CompiledRunner, CachedModel with compiled steps, so it is the `make_runner` hook of
@@ -39,12 +45,15 @@ CachedModel runners from then on (decode_path says which path is in use).
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import threading
 import time
 import types
 
 import torch
 
-from .features import feature_tap, settle_features, start_features
+from .features import feature_tap, settle_features, start_features, untapped
 from .row_attention import MAX_ROWS
 from .runner import CachedModel, GrowingLayer, cache_kwargs
 from .static_runner import EAGER_DYNAMIC, PAD_TOKEN, allow_a_graph_per_shape, compile_failed, model_name
@@ -52,6 +61,10 @@ from .static_runner import EAGER_DYNAMIC, PAD_TOKEN, allow_a_graph_per_shape, co
 logger = logging.getLogger(__name__)
 
 COMPILED_DYNAMIC = "compiled steps (C++ wrapper), dynamic cache"
+COMPILING = "eager dynamic cache, compiling its steps in the background"
+# A background compile waits until runners have not decoded for this long (seconds): longer
+# than the pauses between the rounds of one reply.
+_QUIET_S = 0.3
 CPU_STEP_SIZES = (1, 2, 4, 8)  # torch's int4 kernel works in blocks of 4 rows: 3 runs as 4
 MIN_CONTEXT = 2  # cached tokens a compiled step needs (sizes 0 and 1 would be specialised)
 # Tokens cached while compiling. Any length >= MIN_CONTEXT then serves every length, as long as
@@ -75,9 +88,15 @@ class CompiledSteps:
     """One model's compiled steps (a graph per bucket); calling it gives a runner per generation."""
 
     def __init__(self, model, *, step_sizes=CPU_STEP_SIZES, feature_layers: tuple[int, ...] = (),
-                 warmup: bool = True, progress: bool = True, name: str | None = None) -> None:
+                 warmup: bool = True, progress: bool = True, name: str | None = None,
+                 background: bool = False) -> None:
         self.model = model.eval()
         self.name = name or model_name(model)
+        if background and feature_layers:
+            raise ValueError("steps compiled in the background run an untapped twin: they can't read features")
+        # What the steps run: the model itself, or in the background its untapped twin, so the warm-up
+        # on its own thread never writes into the taps that engines on the main thread read.
+        self.stepped = untapped(self.model) if background else self.model
         # The tap's hooks must be on the layers before tracing: compiled steps never call hooks added later.
         self.feature_layers = feature_tap(model, feature_layers).layer_ids
         self.step_sizes = tuple(sorted(set(int(s) for s in step_sizes)))
@@ -86,6 +105,11 @@ class CompiledSteps:
         self.compiled = True
         self.fallback_reason: str | None = None
         self.warmup_s = 0.0
+        # Set once runners may take the compiled steps: at once, or when the background compile is done.
+        self.ready = threading.Event()
+        self._closed = False
+        self._compiling: threading.Thread | None = None
+        self._last_decoded = 0.0  # time.monotonic() of a runner's latest step
         (self._cache_keyword,) = cache_kwargs(model, None)  # looked up here, not inside the compiled step
         allow_a_graph_per_shape()
         options = dict(_INDUCTOR_OPTIONS)
@@ -95,12 +119,25 @@ class CompiledSteps:
             self._step = torch.compile(_with_own_code(self._logits), dynamic=True, options=options)
         except Exception as error:  # torch.compile unavailable here
             self._fall_back(error)
+        if background:
+            self._compiling = threading.Thread(target=self._compile_in_background, name=f"compiling {self.name}",
+                                               daemon=True)
+            self._compiling.start()
+            return
+        self.ready.set()
         if warmup:
             self.warm_up(progress)
 
     @property
     def decode_path(self) -> str:
-        return COMPILED_DYNAMIC if self.compiled else EAGER_DYNAMIC
+        if not self.compiled:
+            return EAGER_DYNAMIC
+        return COMPILED_DYNAMIC if self.ready.is_set() else COMPILING
+
+    @property
+    def compiling(self) -> bool:
+        """Whether a background compile is still running."""
+        return self._compiling is not None and self._compiling.is_alive()
 
     def reads_features(self, layer_ids: tuple[int, ...]) -> bool:
         """Whether these steps hand a drafter reading `layer_ids` its features (see feature_layers)."""
@@ -111,6 +148,43 @@ class CompiledSteps:
             raise ValueError(f"these steps belong to {self.name}, not to {model_name(model)}")
         return CompiledRunner(self) if self.compiled else CachedModel(self.model)
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a background compile to end; whether the compiled steps are ready then."""
+        if self._compiling is not None:
+            self._compiling.join(timeout)
+        return self.compiled and self.ready.is_set()
+
+    def close(self) -> None:
+        """No more compiling: a background compile stops after the step shape it is on."""
+        self._closed = True
+
+    def decoding(self) -> None:
+        """A runner of these steps is decoding now: a background compile gives way (_give_way)."""
+        self._last_decoded = time.monotonic()
+
+    def _compile_in_background(self) -> None:
+        """The background thread: every bucket compiled, giving way to decoding, then the steps
+        are ready for the runners' next generation."""
+        _lower_this_threads_priority()
+        allow_a_graph_per_shape()  # dynamo's config is per thread (torch >= 2.12)
+        sys.settrace(self._give_way)  # this thread's Python calls only
+        try:
+            self.warm_up(progress=False)
+        except Exception as error:
+            self._fall_back(error)
+        finally:
+            sys.settrace(None)
+        if self.compiled and not self._closed:
+            self.ready.set()
+
+    def _give_way(self, frame, event, arg) -> None:
+        """The compiling thread's trace function, called at each Python call it makes: it waits
+        while a runner decodes. Tracing is Python, and holds the GIL: each time a decoding step
+        let go of it (in every kernel) the step waited, and replies ran 7-15x slower (SmolLM2,
+        two cores). The compiler's own processes (C++) go on meanwhile, at a lower priority."""
+        while time.monotonic() - self._last_decoded < _QUIET_S and not self._closed:
+            time.sleep(_QUIET_S / 4)
+
     def warm_up(self, progress: bool = True) -> None:
         """Compile every bucket now (with a progress bar), on a throwaway cache."""
         from tqdm.auto import tqdm
@@ -118,13 +192,13 @@ class CompiledSteps:
         if not self.compiled:
             return
         started = time.perf_counter()
-        runner = CompiledRunner(self)
+        runner = CompiledRunner(self, warming_up=True)
         with torch.inference_mode():
             runner.forward([PAD_TOKEN] * _WARMUP_CONTEXT)
             sizes = tqdm(self.step_sizes, desc=f"compiling {self.name}", unit="shape", disable=not progress,
                          leave=False)
             for size in sizes:
-                if not self.compiled:
+                if not self.compiled or self._closed:
                     return
                 runner.forward([PAD_TOKEN] * size)
                 runner.crop(_WARMUP_CONTEXT)
@@ -150,12 +224,21 @@ class CompiledSteps:
 
     def _logits(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
         """The compiled function: logits [1, n, V] of input_ids after the cached tokens."""
-        return self.model(input_ids=input_ids, **{self._cache_keyword: cache}, use_cache=True).logits
+        return self.stepped(input_ids=input_ids, **{self._cache_keyword: cache}, use_cache=True).logits
 
     def _fall_back(self, error: BaseException) -> None:
         if self.compiled:
             self.compiled = False
             self.fallback_reason = compile_failed(logger, self.name, error)
+
+
+def _lower_this_threads_priority() -> None:
+    """Nice this thread (and the compiler processes it starts) below the decoding it runs beside.
+    Linux gives each thread its own nice value; elsewhere this does nothing."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
 
 
 def _with_own_code(method):
@@ -169,14 +252,26 @@ def _with_own_code(method):
 
 
 class CompiledRunner(CachedModel):
-    """CachedModel whose steps of up to MAX_ROWS tokens run on CompiledSteps' graphs."""
+    """CachedModel whose steps of up to MAX_ROWS tokens run on CompiledSteps' graphs, from the
+    first generation that starts once they are ready (`compiled`: whether now)."""
 
-    def __init__(self, steps: CompiledSteps) -> None:
-        super().__init__(steps.model)
+    def __init__(self, steps: CompiledSteps, warming_up: bool = False) -> None:
+        super().__init__(steps.stepped)
         self._steps = steps
+        self._warming_up = warming_up  # the steps' own warm-up: compiled at once, and not a reply
+        self._compiled = warming_up or steps.ready.is_set()
+
+    def begin(self) -> None:
+        """A new generation takes the compiled steps if they are ready now: a background compile
+        never switches the path in the middle of a reply (compiled and eager steps may round a
+        tie apart)."""
+        self._compiled = self._steps.ready.is_set()
+        self._steps.decoding()
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        if not self._warming_up:
+            self._steps.decoding()
         if not token_ids or len(token_ids) > MAX_ROWS:  # a prompt: read eagerly, as every method reads it
             return super().forward(token_ids, last_only)
         start_features(self.model)  # the pieces settle their rows into the taps: one forward's worth
@@ -196,7 +291,7 @@ class CompiledRunner(CachedModel):
     def _step(self, piece: list[int]) -> torch.Tensor:
         """Float32 logits [n, V] of one piece: compiled where it can be, else eagerly."""
         length = self.length
-        logits = self._steps.run(self, piece) if length >= MIN_CONTEXT else None
+        logits = self._steps.run(self, piece) if self._compiled and length >= MIN_CONTEXT else None
         if logits is None:  # no context yet, or compiling failed (then this and later steps run eagerly)
             logits = super().forward(piece)
         else:

@@ -19,6 +19,7 @@ transformers' own output_hidden_states would break the compiled graph: it adds h
 
 from __future__ import annotations
 
+import copy
 import weakref
 
 import torch
@@ -49,6 +50,31 @@ def feature_tap(model, layer_ids: tuple[int, ...]) -> FeatureTap:
     return taps[layer_ids]
 
 
+def untapped(model):
+    """A twin of `model` that runs exactly as it does but never writes into its taps: it shares
+    every module and weight except the path down to the decoder layers, which are shallow copies,
+    the layers without the taps' hooks (and without any hook put on the model after this). For
+    steps compiled on another thread while engines read the model's taps (compiled_runner)."""
+    tap_hooks = {hook for tap in _TAPS.get(model, {}).values() for hook in tap.hook_ids}
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    layers = nn.ModuleList([_shallow_copy(layer, tap_hooks) for layer in decoder_layers(model)])
+    twin_decoder = _shallow_copy(decoder, layers=layers)
+    if decoder is model:
+        return twin_decoder
+    (name,) = [name for name, child in model.named_children() if child is decoder]
+    return _shallow_copy(model, **{name: twin_decoder})
+
+
+def _shallow_copy(module: nn.Module, dropped_hooks: set[int] = frozenset(), **children: nn.Module) -> nn.Module:
+    """A new module object sharing `module`'s weights, attributes and submodules but `children`,
+    with its own forward pre-hooks: the module's, less `dropped_hooks`."""
+    twin = copy.copy(module)  # a new __dict__ holding the same values
+    twin._modules = {**module._modules, **children}
+    twin._forward_pre_hooks = type(module._forward_pre_hooks)(
+        (hook_id, hook) for hook_id, hook in module._forward_pre_hooks.items() if hook_id not in dropped_hooks)
+    return twin
+
+
 def start_features(model) -> None:
     """A forward in several model calls begins: each of the model's taps captures it afresh, so
     what a tap holds stays one forward's rows even when no engine reads that tap."""
@@ -77,6 +103,7 @@ class FeatureTap:
         # never change: dynamo guards on the dict's length, so a changing one would recompile.
         self._latest: dict[int, torch.Tensor | None] = {i: None for i in self.layer_ids}
         self._settled: dict[int, list[torch.Tensor]] = {}  # earlier calls of the same forward
+        self.hook_ids: set[int] = set()  # its hooks' handles, for untapped()
         if not self.layer_ids:
             return
         layers = decoder_layers(model)
@@ -84,7 +111,7 @@ class FeatureTap:
         if bad:
             raise ValueError(f"feature layers {bad} are outside the target's {len(layers)} layers")
         for i in sorted(set(self.layer_ids)):  # a shallow target may feed one layer twice
-            layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True)
+            self.hook_ids.add(layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True).id)
 
     def _hook(self, index: int):
         def capture(module, args, kwargs):

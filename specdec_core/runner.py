@@ -55,10 +55,12 @@ class GrowingLayer(DynamicLayer):
         self.reserve(key_states.shape[-2])
         self._key_room[..., start:end, :] = key_states
         self._value_room[..., start:end, :] = value_states
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             # A compiled step leaves the views to its caller (CompiledRunner calls hold): a view
             # stored here would be one more output of the graph for each layer's keys and values,
             # rebuilt and assigned after every call (0.5 ms of SmolLM2's 10 ms step on two cores).
+            # (Not torch.compiler.is_compiling(): that is one flag for the whole process, true in
+            # eager steps on this thread while another thread compiles.)
             return self._key_room[..., :end, :], self._value_room[..., :end, :]
         self.hold(end)
         return self.keys, self.values
@@ -123,6 +125,9 @@ class CachedModel:
         """How many tokens of the sequence the cache holds."""
         return self.cache.get_seq_length()
 
+    def begin(self) -> None:
+        """A new generation starts on this runner (compiled runners choose their path here)."""
+
     @torch.inference_mode()
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         """Run the tokens that follow the cached ones; return float32 logits [n, V] ([1, V] if last_only).
@@ -181,7 +186,9 @@ class KeptRunner:
         """The runner for a new generation of `sequence` (`generation` counts it), its cache
         cropped as keep_shared does."""
         self.generation += 1
-        return self.keep_shared(sequence, at_most)
+        runner = self.keep_shared(sequence, at_most)
+        runner.begin()
+        return runner
 
     def keep_shared(self, sequence: list[int], at_most: int | None = None) -> CachedModel:
         """The runner, its cache cropped to the longest prefix it shares with sequence[:-1]

@@ -69,7 +69,8 @@ _MIN_RECOMPILE_LIMIT = 64  # one compiled graph per step shape and model
 
 
 def compile_by_default(device: torch.device | str) -> bool:
-    """The `compile: auto` rule: compiled static cache on CUDA, eager elsewhere."""
+    """The `compile: auto` rule for compiling at load: compiled static cache on CUDA, not on CPU
+    (where the loader compiles a 4-bit target's steps in the background instead)."""
     return torch.device(device).type == "cuda"
 
 
@@ -291,6 +292,9 @@ class StaticCacheRunner:
     def length(self) -> int:
         """How many tokens of the sequence the cache holds."""
         return self._dynamic.length if self._dynamic is not None else self._length
+
+    def begin(self) -> None:
+        """A new generation starts (its steps were compiled at load: nothing to choose)."""
 
     @torch.no_grad()
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:

@@ -6,13 +6,15 @@ compiled with an EAGLE head's feature tap in place, so they also hand the head i
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
 
-from specdec_core import EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
-from specdec_core.compiled_runner import COMPILED_DYNAMIC, MIN_CONTEXT, CompiledRunner, CompiledSteps
-from specdec_core.features import feature_tap
+from specdec_core import (EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine,
+                          compiled_runner)
+from specdec_core.compiled_runner import COMPILED_DYNAMIC, COMPILING, MIN_CONTEXT, CompiledRunner, CompiledSteps
+from specdec_core.features import feature_tap, untapped
 from specdec_core.row_attention import MAX_ROWS, use_row_exact_attention
 from specdec_core.runner import CachedModel
 from specdec_core.static_runner import EAGER_DYNAMIC
@@ -172,3 +174,78 @@ def test_where_compiling_fails_it_decodes_eagerly_and_says_why_once(monkeypatch,
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
     assert "not available on this machine" in lines[0].message and "eagerly" in lines[0].message
     assert steps.decode_path == EAGER_DYNAMIC and type(steps()) is CachedModel
+
+
+# ---------------------------------------------------------------- compiled in the background (compile: auto)
+
+
+def _rows(runner, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    runner.begin()
+    runner.forward(prompt, last_only=True)
+    return torch.stack([runner.forward([token])[0] for token in tokens])
+
+
+def test_steps_compiled_in_the_background_leave_eager_decoding_exact_meanwhile_then_take_over(monkeypatch):
+    """While another thread compiles, this one decodes eagerly, bitwise as with no compile
+    running (torch.compiler.is_compiling() is true in every thread then: the cache must not ask
+    it); a runner takes the compiled steps at its next generation once they are ready. The
+    compile goes on in the pauses between replies."""
+    monkeypatch.setattr(compiled_runner, "_QUIET_S", 0.01)
+    model = _int4_tiny_llama(seed=25)
+    tap = feature_tap(model, _head(model).layer_ids)  # an engine's tap: the compiling thread must not write it
+    prompt, tokens = _tokens(50, 30), _tokens(51, 12)
+    eager = _rows(CachedModel(model), prompt, tokens)
+    tap.start()
+    steps = CompiledSteps(model, step_sizes=STEP_SIZES, background=True)
+    made_while_compiling = steps()
+    checked_while_compiling = 0
+    while steps.compiling:
+        assert steps.decode_path == COMPILING
+        assert torch.equal(_rows(steps(), prompt, tokens), eager)
+        checked_while_compiling += steps.compiling
+        time.sleep(0.05)  # a pause between replies
+    assert checked_while_compiling > 0 and steps.wait() and steps.decode_path == COMPILED_DYNAMIC
+    assert tap.take() is None  # neither the warm-up nor the eager steps ran through the model's tap
+    compiled_rows = _rows(made_while_compiling, prompt, tokens)  # its begin() took the compiled steps
+    foreground = CompiledSteps(model, step_sizes=STEP_SIZES, progress=False)
+    assert torch.equal(compiled_rows, _rows(foreground(), prompt, tokens))
+    torch.testing.assert_close(compiled_rows, eager, rtol=0, atol=0.1)
+
+
+def test_a_generation_keeps_the_path_it_began_on():
+    """Compiled and eager steps may round a tie apart: no reply switches in its middle."""
+    model = _int4_tiny_llama(seed=27)
+    steps = CompiledSteps(model, step_sizes=STEP_SIZES, background=True)
+    runner = steps()
+    runner.begin()
+    prompt, tokens = _tokens(60, 30), _tokens(61, 6)
+    runner.forward(prompt, last_only=True)
+    assert steps.wait()
+    calls = []
+    original_run = steps.run
+    steps.run = lambda *args: calls.append(args) or original_run(*args)
+    runner.forward(tokens[:3])
+    assert calls == []  # still eager: this generation began before the steps were ready
+    runner.begin()
+    runner.forward(tokens[3:])
+    assert len(calls) == 1
+
+
+def test_background_steps_refuse_to_read_features():
+    model = _int4_tiny_llama(seed=29)
+    with pytest.raises(ValueError, match="can't read features"):
+        CompiledSteps(model, step_sizes=STEP_SIZES, feature_layers=_head(model).layer_ids, background=True)
+
+
+def test_the_untapped_twin_computes_as_the_model_without_writing_its_tap():
+    model = tiny_llama(31, vocab=VOCAB)
+    tap = feature_tap(model, (0, 1))
+    twin = untapped(model)
+    assert all(a is b for a, b in zip(twin.parameters(), model.parameters()))  # one set of weights
+    tokens = _tokens(70, 12)
+    tap.start()
+    expected = CachedModel(model).forward(tokens)
+    assert tap.take() is not None
+    tap.start()
+    assert torch.equal(CachedModel(twin).forward(tokens), expected)
+    assert tap.take() is None

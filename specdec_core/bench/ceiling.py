@@ -76,6 +76,7 @@ def subject_from_preset(name: str, config_path=None, compile: bool | str | None 
     from .questions import load_questions
 
     models = load_preset(name, config_path, load_draft=False, compile=compile, cpu_weights=cpu_weights)
+    models.wait_for_compiling()  # (compile: auto on CPU compiles in the background) time the path it keeps
     questions = _spread(load_questions(None, None, None), prompts)
     ids = [chat_prompt_ids(models.tokenizer, [{"role": "user", "content": q.prompt}]) for q in questions]
     description = {
@@ -153,6 +154,9 @@ class _TimedRunner:
     @property
     def length(self) -> int:
         return self._runner.length
+
+    def begin(self) -> None:
+        self._runner.begin()
 
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         clock = self._clock
