@@ -613,7 +613,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="starting value of the slider, and the API's default max_tokens")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="compiled decoding steps, compiled while the models load (default: "
-                             "the preset's `compile`; auto = on with CUDA, off on CPU)")
+                             "the preset's `compile`; auto = on with CUDA, and on CPU a 4-bit "
+                             "target's steps in the background while replies start eagerly)")
     args = parser.parse_args(argv)
     if args.auth is not None and ":" not in args.auth:
         parser.error("--auth takes USER:PASSWORD")

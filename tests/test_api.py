@@ -508,7 +508,7 @@ def test_real_preset_via_app_py_matches_the_cli(tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert cli.returncode == 0, cli.stderr
     expected = json.loads(cli.stdout)
-    process, port = run_app("--preset", "smollm2-135m-local")
+    process, port = run_app("--preset", "smollm2-135m-local", "--no-compile")  # as the CLI's one reply
     try:
         assert "OpenAI-compatible API at" in wait_for_line(process, "OpenAI-compatible API")[-1]
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)

@@ -221,7 +221,7 @@ def smollm2_gguf(request):
     _kernel_available()
     if load_presets()["smollm2-135m-local"].cpu_weights == "gguf":
         return request.getfixturevalue("smollm2_local")
-    return load_preset("smollm2-135m-local", cpu_weights="gguf", load_eagle=True)
+    return load_preset("smollm2-135m-local", cpu_weights="gguf", load_eagle=True, compile=False)
 
 
 def test_the_preset_says_which_weights_run(smollm2_gguf):
@@ -367,7 +367,7 @@ def test_where_the_kernel_is_missing_the_preset_runs_fp32_and_one_note_says_so(m
     monkeypatch.setattr(int4_linear, "_KERNEL_OPS", ("_no_such_int4_kernel_for_cpu",))
     int4_linear.kernel_problem.cache_clear()
     try:
-        models = load_preset("smollm2-135m-local", load_draft=False, cpu_weights="gguf")
+        models = load_preset("smollm2-135m-local", load_draft=False, cpu_weights="gguf", compile=False)
     finally:
         monkeypatch.undo()
         int4_linear.kernel_problem.cache_clear()

@@ -87,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="the target's weights on CPU: fp32 | gguf (default: the preset's cpu_weights)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="compile the decoding steps (default: the preset's compile setting; on CPU only the "
-                        "target's, minutes the first time)")
+                        "target's, minutes the first time; compiled in the background, auto, is waited for)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     return p
 
@@ -123,7 +123,11 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     started = time.perf_counter()
     models = load_preset(args.preset, args.config, load_draft=any(m in NEEDS_DRAFT_MODEL for m in methods),
                          cpu_weights=args.cpu_weights, compile=args.compile)
-    inform(f"preset: {models.preset.name}", *models.notes, models.describe())
+    inform(f"preset: {models.preset.name}", *models.notes)
+    if not models.wait_for_compiling(0):  # measure the path the preset keeps, not its first minutes
+        inform("waiting for the background compile before measuring ...")
+        models.wait_for_compiling()
+    inform(models.describe())
     if args.methods is None and models.eagle_head is None:
         methods = [m for m in methods if m not in NEEDS_EAGLE_HEAD]
         inform(f"no EAGLE head loaded: leaving out {', '.join(NEEDS_EAGLE_HEAD)}")

@@ -141,6 +141,14 @@ class LoadedModels:
             self.preset.adaptive if adaptive is None else adaptive,
         )
 
+    def wait_for_compiling(self, timeout: float | None = None) -> bool:
+        """Wait for a background compile of the decoding steps (compile: auto on CPU) to end;
+        whether it has ended (at once without one), so the decode path is the one it will keep."""
+        runners = [r for r in (self.target_runner, self.draft_runner) if getattr(r, "compiling", False)]
+        for runner in runners:
+            runner.wait(timeout)
+        return not any(runner.compiling for runner in runners)
+
     @property
     def decode_path(self) -> str:
         """The decode path engines take: "compiled static cache" or "eager dynamic cache" (or
@@ -237,14 +245,18 @@ def _reads_features(runner, layer_ids: tuple[int, ...]) -> bool:
 
 def unload(models: LoadedModels) -> None:
     """Drop the models and free their memory (engines built from them must be dropped too)."""
-    compiled = any(getattr(r, "compiled", False) for r in (models.target_runner, models.draft_runner))
+    runners = [r for r in (models.target_runner, models.draft_runner) if r is not None]
+    for runner in runners:
+        getattr(runner, "close", lambda: None)()  # a background compile stops after its current shape
+    compiled = any(getattr(r, "compiled", False) for r in runners)
+    compiling = any(getattr(r, "compiling", False) for r in runners)
     models.target = None
     models.draft = None
     models.eagle_head = None
     models._engines.clear()
     models._kept.clear()
     models.target_runner = models.draft_runner = None  # they hold the models and KV caches
-    if compiled:
+    if compiled and not compiling:  # (a compile still running drops its graphs when it stops)
         torch._dynamo.reset()  # compiled graphs (and CUDA graph pools) hold the weights too
     gc.collect()
     if torch.cuda.is_available():

@@ -106,7 +106,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     check_out(out)
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    loaded = load_preset(settings.preset, settings.config, load_draft=False)
+    loaded = load_preset(settings.preset, settings.config, load_draft=False, compile=False)  # training runs no decoding steps
     target, tokenizer = loaded.target, loaded.tokenizer
     target.requires_grad_(False)
     text_config = target.config.get_text_config()
