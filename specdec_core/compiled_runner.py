@@ -44,12 +44,14 @@ CachedModel runners from then on (decode_path says which path is in use).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
 import threading
 import time
 import types
+import weakref
 
 import torch
 
@@ -123,6 +125,7 @@ class CompiledSteps:
             self._compiling = threading.Thread(target=self._compile_in_background, name=f"compiling {self.name}",
                                                daemon=True)
             self._compiling.start()
+            _COMPILING.add(self)
             return
         self.ready.set()
         if warmup:
@@ -130,9 +133,9 @@ class CompiledSteps:
 
     @property
     def decode_path(self) -> str:
-        if not self.compiled:
-            return EAGER_DYNAMIC
-        return COMPILED_DYNAMIC if self.ready.is_set() else COMPILING
+        if self.compiled and self.ready.is_set():
+            return COMPILED_DYNAMIC
+        return COMPILING if self.compiled and self.compiling else EAGER_DYNAMIC
 
     @property
     def compiling(self) -> bool:
@@ -155,7 +158,7 @@ class CompiledSteps:
         return self.compiled and self.ready.is_set()
 
     def close(self) -> None:
-        """No more compiling: a background compile stops after the step shape it is on."""
+        """No more compiling: a background compile stops at its next Python call."""
         self._closed = True
 
     def decoding(self) -> None:
@@ -184,6 +187,8 @@ class CompiledSteps:
         two cores). The compiler's own processes (C++) go on meanwhile, at a lower priority."""
         while time.monotonic() - self._last_decoded < _QUIET_S and not self._closed:
             time.sleep(_QUIET_S / 4)
+        if self._closed:
+            raise _Closed
 
     def warm_up(self, progress: bool = True) -> None:
         """Compile every bucket now (with a progress bar), on a throwaway cache."""
@@ -229,7 +234,25 @@ class CompiledSteps:
     def _fall_back(self, error: BaseException) -> None:
         if self.compiled:
             self.compiled = False
-            self.fallback_reason = compile_failed(logger, self.name, error)
+            if not self._closed:  # (closing stops a background compile with an error: not a failure)
+                self.fallback_reason = compile_failed(logger, self.name, error)
+
+
+class _Closed(Exception):
+    """Raised on the compiling thread to end a background compile (CompiledSteps.close)."""
+
+
+_COMPILING: weakref.WeakSet[CompiledSteps] = weakref.WeakSet()  # steps with a background compile
+_EXIT_WAIT_S = 10.0
+
+
+@atexit.register
+def _end_background_compiles() -> None:
+    """At exit, end the background compiles before Python stops their daemon threads: one
+    stopped inside torch's C++ aborts the process ("terminate called without an active exception")."""
+    for steps in list(_COMPILING):
+        steps.close()
+        steps.wait(_EXIT_WAIT_S)
 
 
 def _lower_this_threads_priority() -> None:

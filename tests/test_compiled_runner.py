@@ -231,6 +231,14 @@ def test_a_generation_keeps_the_path_it_began_on():
     assert len(calls) == 1
 
 
+def test_closing_ends_a_background_compile_at_its_next_python_call():
+    """unload() and the exit close the steps: the compile stops, as no failure, and they stay eager."""
+    steps = CompiledSteps(_int4_tiny_llama(seed=33), step_sizes=STEP_SIZES, background=True)
+    steps.close()
+    assert not steps.wait(30) and not steps.compiling
+    assert steps.fallback_reason is None and steps.decode_path == EAGER_DYNAMIC
+
+
 def test_background_steps_refuse_to_read_features():
     model = _int4_tiny_llama(seed=29)
     with pytest.raises(ValueError, match="can't read features"):
