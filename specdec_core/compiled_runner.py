@@ -183,8 +183,8 @@ class CompiledSteps:
     def _give_way(self, frame, event, arg) -> None:
         """The compiling thread's trace function, called at each Python call it makes: it waits
         while a runner decodes. Tracing is Python, and holds the GIL: each time a decoding step
-        let go of it (in every kernel) the step waited, and replies ran 7-15x slower (SmolLM2,
-        two cores). The compiler's own processes (C++) go on meanwhile, at a lower priority."""
+        let go of it (in every kernel) the step waited, and replies crawled (SmolLM2 4-bit, two
+        cores: 0.2-2 tok/s against 45 while it traced). The compiler's own processes (C++) go on meanwhile, at a lower priority."""
         while time.monotonic() - self._last_decoded < _QUIET_S and not self._closed:
             time.sleep(_QUIET_S / 4)
         if self._closed:
@@ -276,7 +276,7 @@ def _with_own_code(method):
 
 class CompiledRunner(CachedModel):
     """CachedModel whose steps of up to MAX_ROWS tokens run on CompiledSteps' graphs, from the
-    first generation that starts once they are ready (`compiled`: whether now)."""
+    first generation that begins (begin()) once they are ready."""
 
     def __init__(self, steps: CompiledSteps, warming_up: bool = False) -> None:
         super().__init__(steps.stepped)
