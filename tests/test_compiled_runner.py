@@ -6,6 +6,7 @@ compiled with an EAGLE head's feature tap in place, so they also hand the head i
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 import pytest
@@ -229,6 +230,21 @@ def test_a_generation_keeps_the_path_it_began_on():
     runner.begin()
     runner.forward(tokens[3:])
     assert len(calls) == 1
+
+
+def test_a_background_compile_waits_while_a_runner_decodes():
+    """Its tracing is Python and would hold the GIL against every step: while runners decode,
+    the compiling thread waits in its trace function, and it goes on when they stop."""
+    steps = CompiledSteps(_int4_tiny_llama(seed=35), step_sizes=STEP_SIZES, background=True)
+    waiting = False
+    deadline = time.monotonic() + 10
+    while not waiting and time.monotonic() < deadline:
+        steps.decoding()  # what a runner's every step says
+        time.sleep(0.01)
+        frame = sys._current_frames().get(steps._compiling.ident)
+        waiting = frame is not None and frame.f_code.co_name == "_give_way"
+    assert waiting and steps.compiling
+    assert steps.wait(300) and steps.decode_path == COMPILED_DYNAMIC
 
 
 def test_closing_ends_a_background_compile_at_its_next_python_call():
