@@ -184,7 +184,8 @@ class CompiledSteps:
         """The compiling thread's trace function, called at each Python call it makes: it waits
         while a runner decodes. Tracing is Python, and holds the GIL: each time a decoding step
         let go of it (in every kernel) the step waited, and replies crawled (SmolLM2 4-bit, two
-        cores: 0.2-2 tok/s against 45 while it traced). The compiler's own processes (C++) go on meanwhile, at a lower priority."""
+        cores: 0.2-2 tok/s against 45 while it traced). The compiler's own processes (C++) go on
+        meanwhile, at a lower priority."""
         while time.monotonic() - self._last_decoded < _QUIET_S and not self._closed:
             time.sleep(_QUIET_S / 4)
         if self._closed:
@@ -281,19 +282,19 @@ class CompiledRunner(CachedModel):
     def __init__(self, steps: CompiledSteps, warming_up: bool = False) -> None:
         super().__init__(steps.stepped)
         self._steps = steps
-        self._warming_up = warming_up  # the steps' own warm-up: compiled at once, and not a reply
-        self._compiled = warming_up or steps.ready.is_set()
+        self._compiled = warming_up or steps.ready.is_set()  # the warm-up: compiled at once
 
     def begin(self) -> None:
         """A new generation takes the compiled steps if they are ready now: a background compile
         never switches the path in the middle of a reply (compiled and eager steps may round a
         tie apart)."""
         self._compiled = self._steps.ready.is_set()
-        self._steps.decoding()
+        if not self._compiled:
+            self._steps.decoding()
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
-        if not self._warming_up:
+        if not self._compiled:  # (an eager generation is one a background compile may be running beside)
             self._steps.decoding()
         if not token_ids or len(token_ids) > MAX_ROWS:  # a prompt: read eagerly, as every method reads it
             return super().forward(token_ids, last_only)

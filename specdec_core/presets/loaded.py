@@ -247,7 +247,7 @@ def unload(models: LoadedModels) -> None:
     """Drop the models and free their memory (engines built from them must be dropped too)."""
     runners = [r for r in (models.target_runner, models.draft_runner) if r is not None]
     for runner in runners:
-        getattr(runner, "close", lambda: None)()  # a background compile stops after its current shape
+        getattr(runner, "close", lambda: None)()  # a background compile stops at once
     compiled = any(getattr(r, "compiled", False) for r in runners)
     compiling = any(getattr(r, "compiling", False) for r in runners)
     models.target = None
