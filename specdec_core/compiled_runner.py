@@ -152,7 +152,8 @@ class CompiledSteps:
         return CompiledRunner(self) if self.compiled else CachedModel(self.model)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for a background compile to end; whether the compiled steps are ready then."""
+        """Wait for a background compile to end (at most `timeout` seconds); whether the compiled
+        steps are ready then. False at once for steps that failed to compile or were closed."""
         if self._compiling is not None:
             self._compiling.join(timeout)
         return self.compiled and self.ready.is_set()
@@ -167,11 +168,13 @@ class CompiledSteps:
 
     def _compile_in_background(self) -> None:
         """The background thread: every bucket compiled, giving way to decoding, then the steps
-        are ready for the runners' next generation."""
-        _lower_this_threads_priority()
-        allow_a_graph_per_shape()  # dynamo's config is per thread (torch >= 2.12)
-        sys.settrace(self._give_way)  # this thread's Python calls only
+        are ready for the runners' next generation. Whatever fails here ends the thread with
+        the steps marked eager and one log line (fallback_reason): an exception escaping the
+        thread would leave them 'compiled' but never ready, eager without a word."""
         try:
+            _lower_this_threads_priority()
+            allow_a_graph_per_shape()  # dynamo's config is per thread (torch >= 2.12)
+            sys.settrace(self._give_way)  # this thread's Python calls only
             self.warm_up(progress=False)
         except Exception as error:
             self._fall_back(error)

@@ -357,9 +357,13 @@ def _default_max_length(model) -> int:
 
 
 def allow_a_graph_per_shape() -> None:
-    """Each step shape (of each model) is its own graph: let dynamo compile that many."""
+    """Each step shape (of each model) is its own graph: let dynamo compile that many.
+
+    Read with a default: another caller may have deleted the key (torch's config module then
+    hides it in every thread until someone sets it again; pytest >= 9.2's monkeypatch does that
+    on undo), and setting it here brings it back."""
     config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, _MIN_RECOMPILE_LIMIT)
+    config.recompile_limit = max(getattr(config, "recompile_limit", 0), _MIN_RECOMPILE_LIMIT)
 
 
 def compile_failed(log: logging.Logger, name: str, error: BaseException) -> str:

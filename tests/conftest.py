@@ -12,6 +12,25 @@ torch.set_num_threads(1)
 from tests.tiny_models import load_smollm2_tokenizer, smollm2_dir, require
 
 
+@pytest.fixture(autouse=True)
+def _torch_compile_config_left_whole():
+    """No test may leave a key of dynamo's or inductor's configuration deleted: torch's config
+    module then hides it from every thread of the process, and every later compile in this
+    worker fails. (pytest >= 9.2's monkeypatch.setattr deletes such a key on undo: change the
+    configuration with `torch._dynamo.config.patch(...)`.)"""
+    yield
+    import sys
+    import warnings
+
+    for name in ("torch._dynamo.config", "torch._inductor.config"):
+        config = sys.modules.get(name)
+        if config is not None:
+            with warnings.catch_warnings():  # (reading a deprecated key warns)
+                warnings.simplefilter("ignore")
+                hidden = [key for key in config.get_config_copy() if not hasattr(config, key)]
+            assert not hidden, f"this test left {name} without {hidden}: use {name}.patch(...) instead"
+
+
 @pytest.fixture(scope="session")
 def smol_tokenizer():
     """The real SmolLM2-135M-Instruct tokenizer (from the bundled GGUF)."""

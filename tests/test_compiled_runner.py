@@ -92,11 +92,11 @@ def test_speculation_on_compiled_steps_gives_plain_decodings_tokens(compiled, sm
     assert drafted > 0 and steps.compiled  # it drafted, and nothing fell back along the way
 
 
-def test_compiled_steps_hand_the_tap_each_real_tokens_features_without_recompiling(compiled, monkeypatch):
+@torch._dynamo.config.patch(error_on_recompile=True)  # a recompile would fall back
+def test_compiled_steps_hand_the_tap_each_real_tokens_features_without_recompiling(compiled):
     model, steps = compiled
     layers = steps.feature_layers
     assert feature_tap(model, layers) is feature_tap(model, layers)  # one tap a model: its hooks were traced
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # a recompile would fall back
     prompt, tokens = _tokens(3, 30), _tokens(4, 40)
     eager, runner = CachedModel(model), steps()
     for sizes in ((1, 3, 4, 7, MAX_ROWS), (2,)):
@@ -119,9 +119,9 @@ def test_compiled_steps_hand_the_tap_each_real_tokens_features_without_recompili
     assert steps.compiled  # nothing recompiled or fell back
 
 
-def test_an_eagle_head_on_compiled_steps_keeps_plain_decodings_tokens(compiled, smol_tokenizer, monkeypatch):
+@torch._dynamo.config.patch(error_on_recompile=True)
+def test_an_eagle_head_on_compiled_steps_keeps_plain_decodings_tokens(compiled, smol_tokenizer):
     model, steps = compiled
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     drafted = 0
     for seed in range(2):
         prompt = _tokens(20 + seed, 24) * 2
@@ -273,3 +273,54 @@ def test_the_untapped_twin_computes_as_the_model_without_writing_its_tap():
     tap.start()
     assert torch.equal(CachedModel(twin).forward(tokens), expected)
     assert tap.take() is None
+
+
+# ---------------------------------------------------------------- dynamo's configuration, shared by the process
+
+
+def test_a_key_patched_and_restored_as_the_suite_does_leaves_background_compiles_working():
+    """The suite changes dynamo's configuration with config.patch, which restores what it found
+    (pytest >= 9.2's monkeypatch deleted the key on undo, and every later compile failed)."""
+    config = torch._dynamo.config
+    with config.patch(error_on_recompile=True):
+        assert config.error_on_recompile
+    assert config.error_on_recompile is False
+    steps = CompiledSteps(_int4_tiny_llama(seed=37), step_sizes=(1,), background=True)
+    assert steps.wait(300) and steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason
+
+
+def test_a_background_compile_needs_no_key_another_caller_deleted():
+    """Deleting a key hides it from every thread until someone sets it again: the steps read
+    the key they change with a default, and setting it brings it back."""
+    config = torch._dynamo.config
+    limit = config.recompile_limit
+    delattr(config, "recompile_limit")  # what pytest >= 9.2's monkeypatch undo does to a patched key
+    try:
+        assert not hasattr(config, "recompile_limit")
+        steps = CompiledSteps(_int4_tiny_llama(seed=39), step_sizes=(1,), background=True)
+        assert steps.wait(300) and steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason
+        assert hasattr(config, "recompile_limit")
+    finally:
+        config.recompile_limit = limit
+
+
+def test_a_background_compile_that_fails_says_so_once_and_waiting_ends(monkeypatch, caplog):
+    """Whatever fails on the compiling thread (here before the warm-up, where an error used to
+    escape the thread and leave the steps 'compiled' but never ready) ends the compile: one log
+    line, the steps eager with the reason, the models panel's decode path naming it."""
+    from specdec_core.presets.loaded import _decode_path
+
+    def fails() -> None:
+        raise AttributeError("torch._dynamo.config.recompile_limit does not exist")
+
+    monkeypatch.setattr(compiled_runner, "_lower_this_threads_priority", fails)
+    with caplog.at_level(logging.INFO, logger="specdec_core.compiled_runner"):
+        steps = CompiledSteps(_int4_tiny_llama(seed=41), step_sizes=STEP_SIZES, background=True)
+        started = time.monotonic()
+        assert steps.wait(60) is False
+    assert time.monotonic() - started < 30 and not steps.compiling
+    lines = [r for r in caplog.records if r.name == "specdec_core.compiled_runner"]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING and "does not exist" in lines[0].message
+    assert steps.decode_path == EAGER_DYNAMIC and "does not exist" in steps.fallback_reason
+    assert "torch.compile failed: AttributeError" in _decode_path(steps)
+    assert type(steps()) is CachedModel

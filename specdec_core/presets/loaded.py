@@ -222,6 +222,9 @@ def _runner_argument(runner: Callable | None) -> dict:
 
 def _decode_path(runner: Callable | None, model=None) -> str:
     path = getattr(runner, "decode_path", "eager dynamic cache")
+    failed = getattr(runner, "fallback_reason", None)
+    if failed:  # (a background compile fails long after the load's notes were written)
+        path += f" (torch.compile failed: {failed})"
     if model is None:
         return path
     gguf = gguf_weight_summary(model)
