@@ -31,9 +31,9 @@ from specdec_core.chat import chat_prompt_ids
 from specdec_core.presets.config import ConfigError, load_presets
 from specdec_core.errors import DeviceBusy, LoadError
 from specdec_core.events import LENGTH_CONTEXT
-from specdec_core.int4_linear import Int4Linear
+from specdec_core.kernels.int4_linear import Int4Linear
 from specdec_core.policy import DRAFT_LENGTH_BOUNDS
-from specdec_core.row_attention import uses_row_exact_attention
+from specdec_core.kernels.row_attention import uses_row_exact_attention
 from specdec_core.presets.holder import Cancelled, ModelHolder
 from specdec_core.presets.loaded import LoadedModels
 from specdec_core.presets.loading import load_preset

@@ -33,13 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from specdec_core.bench.machine import load_average, weight_bytes_read_per_step  # noqa: E402
-from specdec_core import int4_linear  # noqa: E402
-from specdec_core.int4_linear import use_gguf_weights  # noqa: E402
-from specdec_core.packed_linear import pack_linear_layers  # noqa: E402
+from specdec_core.kernels import int4_linear  # noqa: E402
+from specdec_core.kernels.int4_linear import use_gguf_weights  # noqa: E402
+from specdec_core.kernels.packed_linear import pack_linear_layers  # noqa: E402
 from specdec_core.presets.loading import load_plain_target, load_preset  # noqa: E402
 from specdec_core.presets.sources import OFFLINE_PRESET, bundled_gguf  # noqa: E402
-from specdec_core.row_attention import use_row_exact_attention  # noqa: E402
-from specdec_core.runner import CachedModel  # noqa: E402
+from specdec_core.kernels.row_attention import use_row_exact_attention  # noqa: E402
+from specdec_core.decoding.eager import CachedModel  # noqa: E402
 
 
 def variants(with_draft: bool = False, with_bf16: bool = False) -> dict[str, torch.nn.Module]:

@@ -25,11 +25,11 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from specdec_core.bench.machine import load_average  # noqa: E402
-from specdec_core.int4_linear import quantise_linear_layers  # noqa: E402
-from specdec_core.packed_linear import pack_linear_layers  # noqa: E402
+from specdec_core.kernels.int4_linear import quantise_linear_layers  # noqa: E402
+from specdec_core.kernels.packed_linear import pack_linear_layers  # noqa: E402
 from specdec_core.presets.loading import load_preset  # noqa: E402
 from specdec_core.presets.sources import OFFLINE_PRESET  # noqa: E402
-from specdec_core.runner import CachedModel, growing_cache  # noqa: E402
+from specdec_core.decoding.eager import CachedModel, growing_cache  # noqa: E402
 
 
 def on_int4(head: nn.Module, type_name: str = "Q4_1") -> nn.Module:

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from specdec_core.bench.questions import load_questions  # noqa: E402
 from specdec_core.chat import chat_prompt_ids  # noqa: E402
 from specdec_core.drafters import Eagle3Head, EagleDrafter  # noqa: E402
-from specdec_core.int4_linear import quantise_linear_layers  # noqa: E402
+from specdec_core.kernels.int4_linear import quantise_linear_layers  # noqa: E402
 from specdec_core.presets.loading import load_preset  # noqa: E402
 from specdec_core.presets.sources import OFFLINE_PRESET, resolve_head  # noqa: E402
 from specdec_core.sampling import SamplingParams  # noqa: E402

@@ -58,3 +58,14 @@ def _ids_with_plain_contents(tokenizer, conversation: list[dict]) -> list[int]:
         elif piece:
             ids += tokenizer(piece, add_special_tokens=False)["input_ids"]
     return [int(token) for token in ids]
+
+
+def eos_token_ids(tokenizer, model) -> set[int]:
+    """Every id that ends a reply: the tokenizer's EOS and the generation config's."""
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    return ids

@@ -7,7 +7,6 @@ last one, so one target forward over [last, d1..dk] yields the k+1 distributions
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -16,13 +15,15 @@ import torch
 
 from .acceptance import greedy_accept, speculative_accept
 from .detok import IncrementalDetokenizer
-from .drafters import Draft, Drafter
-from .features import feature_tap
+from .drafter import Draft, Drafter
+from .decoding.features import feature_tap
 from .events import (
     BONUS, DRAFT, LENGTH, LENGTH_CONTEXT, RESAMPLED, STOP, TARGET, GenerationResult, Stats, TokenEvent,
 )
 from .policy import DEFAULT_DRAFT_LENGTH, DraftLengthPolicy
-from .runner import CachedModel, KeptRunner
+from .chat import eos_token_ids
+from .decoding.base import context_limit
+from .decoding.eager import CachedModel, KeptRunner
 from .sampling import SamplingParams, make_generator, probabilities
 
 
@@ -342,20 +343,3 @@ class _EngineClock:
 
     def resume(self) -> None:
         self._since = time.perf_counter()
-
-
-def eos_token_ids(tokenizer, model) -> set[int]:
-    """Every id that ends a reply: the tokenizer's EOS and the generation config's."""
-    ids: set[int] = set()
-    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(int(v) for v in value)
-    return ids
-
-
-def context_limit(model) -> int:
-    """The longest sequence the model was built for (no limit if the config doesn't say)."""
-    config = model.config.get_text_config()
-    return getattr(config, "max_position_embeddings", None) or sys.maxsize

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .decoding.base import MAX_STEP_TOKENS
 from .theory import expected_tokens_by_length, expected_tokens_by_position
 
 # The draft lengths anyone may ask for: the engine, the app's slider, models.yaml and the API all
-# read these bounds. (Adaptive drafting moves k within MIN/MAX_DRAFT_LENGTH, or up to the k asked.)
-DRAFT_LENGTH_BOUNDS = (1, 16)
+# read these bounds; a verify step (the last token and its drafts) is one step of a decode path.
+# (Adaptive drafting moves k within MIN/MAX_DRAFT_LENGTH, or up to the k asked.)
+DRAFT_LENGTH_BOUNDS = (1, MAX_STEP_TOKENS - 1)
 DEFAULT_DRAFT_LENGTH = 5
 MIN_DRAFT_LENGTH = 2
 MAX_DRAFT_LENGTH = 8

@@ -200,7 +200,7 @@ def test_small_run_reports_the_bandwidth_ceiling_and_each_methods_share(tiny_run
 def test_weight_bytes_per_step_count_what_each_layer_reads(tiny_app_config):
     """fp32 layers: their weights; prepacked: the same bytes; the tied embedding once, as the head."""
     from specdec_core.bench.machine import weight_bytes_read_per_step
-    from specdec_core.packed_linear import pack_linear_layers
+    from specdec_core.kernels.packed_linear import pack_linear_layers
     from tests.tiny_models import tiny_llama
 
     model = tiny_llama(seed=0)
@@ -289,7 +289,7 @@ def test_engine_counted_rounds_equal_the_hook_trace_and_survive_compiled_steps(t
     from specdec_core.drafters import PromptLookupDrafter
     from specdec_core.presets.loading import load_preset
     from specdec_core.sampling import SamplingParams
-    from specdec_core.static_runner import StaticSteps
+    from specdec_core.decoding.static import StaticSteps
 
     models = load_preset("tiny", tiny_app_config)
     prompt, params = list(range(100, 120)) * 3, SamplingParams(max_new_tokens=12)

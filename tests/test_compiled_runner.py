@@ -1,4 +1,4 @@
-"""The compiled decode path on CPU (specdec_core/compiled_runner.py): steps compiled with inductor's
+"""The compiled decode path on CPU (specdec_core/decoding/compiled.py): steps compiled with inductor's
 C++ wrapper on the growing cache. Every row of a compiled step must be bitwise what a compiled
 1-token step gives, so greedy speculation stays token-for-token plain decoding. The steps are
 compiled with an EAGLE head's feature tap in place, so they also hand the head its features."""
@@ -12,13 +12,13 @@ import time
 import pytest
 import torch
 
-from specdec_core import (EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine,
-                          compiled_runner)
-from specdec_core.compiled_runner import COMPILED_DYNAMIC, COMPILING, MIN_CONTEXT, CompiledRunner, CompiledSteps
-from specdec_core.features import feature_tap, untapped
-from specdec_core.row_attention import MAX_ROWS, use_row_exact_attention
-from specdec_core.runner import CachedModel
-from specdec_core.static_runner import EAGER_DYNAMIC
+from specdec_core import (EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine)
+from specdec_core.decoding import compiled as compiled_module
+from specdec_core.decoding.compiled import COMPILED_DYNAMIC, COMPILING, MIN_CONTEXT, CompiledRunner, CompiledSteps
+from specdec_core.decoding.features import feature_tap, untapped
+from specdec_core.kernels.row_attention import MAX_ROWS, use_row_exact_attention
+from specdec_core.decoding.eager import CachedModel
+from specdec_core.decoding.static import EAGER_DYNAMIC
 from tests.test_row_attention import VOCAB, _int4_tiny_llama
 from tests.tiny_models import perturbed_copy, random_eagle_head, tiny_llama
 
@@ -169,9 +169,9 @@ def test_where_compiling_fails_it_decodes_eagerly_and_says_why_once(monkeypatch,
 
     monkeypatch.setattr(torch, "compile", unavailable)
     model = _int4_tiny_llama(seed=23)
-    with caplog.at_level(logging.INFO, logger="specdec_core.compiled_runner"):
+    with caplog.at_level(logging.INFO, logger="specdec_core.decoding.compiled"):
         steps = CompiledSteps(model, step_sizes=STEP_SIZES, progress=False)
-    lines = [r for r in caplog.records if r.name == "specdec_core.compiled_runner"]
+    lines = [r for r in caplog.records if r.name == "specdec_core.decoding.compiled"]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
     assert "not available on this machine" in lines[0].message and "eagerly" in lines[0].message
     assert steps.decode_path == EAGER_DYNAMIC and type(steps()) is CachedModel
@@ -191,7 +191,7 @@ def test_steps_compiled_in_the_background_leave_eager_decoding_exact_meanwhile_t
     running (torch.compiler.is_compiling() is true in every thread then: the cache must not ask
     it); a runner takes the compiled steps at its next generation once they are ready. The
     compile goes on in the pauses between replies."""
-    monkeypatch.setattr(compiled_runner, "_QUIET_S", 0.01)
+    monkeypatch.setattr(compiled_module, "_QUIET_S", 0.01)
     model = _int4_tiny_llama(seed=25)
     tap = feature_tap(model, _head(model).layer_ids)  # an engine's tap: the compiling thread must not write it
     prompt, tokens = _tokens(50, 30), _tokens(51, 12)
@@ -313,14 +313,14 @@ def test_a_background_compile_that_fails_says_so_once_and_waiting_ends(monkeypat
     def fails() -> None:
         raise AttributeError("torch._dynamo.config.recompile_limit does not exist")
 
-    monkeypatch.setattr(compiled_runner, "_lower_this_threads_priority", fails)
-    with caplog.at_level(logging.INFO, logger="specdec_core.compiled_runner"):
+    monkeypatch.setattr(compiled_module, "_lower_this_threads_priority", fails)
+    with caplog.at_level(logging.INFO, logger="specdec_core.decoding.compiled"):
         steps = CompiledSteps(_int4_tiny_llama(seed=41), step_sizes=STEP_SIZES, background=True)
         started = time.monotonic()
         assert steps.wait(60) is False
     assert time.monotonic() - started < 30 and not steps.compiling
-    lines = [r for r in caplog.records if r.name == "specdec_core.compiled_runner"]
+    lines = [r for r in caplog.records if r.name == "specdec_core.decoding.compiled"]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING and "does not exist" in lines[0].message
     assert steps.decode_path == EAGER_DYNAMIC and "does not exist" in steps.fallback_reason
-    assert "torch.compile failed: AttributeError" in _decode_path(steps)
+    assert "torch.compile failed: AttributeError" in _decode_path(steps, detailed=True)
     assert type(steps()) is CachedModel

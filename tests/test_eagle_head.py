@@ -11,7 +11,7 @@ from transformers import LlamaConfig
 
 from specdec_core.drafters.eagle_head import ARCHITECTURE, Eagle3Head, default_layer_ids
 from specdec_core.errors import LoadError
-from specdec_core.runner import growing_cache
+from specdec_core.decoding.eager import growing_cache
 
 SMOLLM2_SHAPE = dict(
     vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

@@ -9,7 +9,7 @@ import torch
 
 from specdec_core import EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
 from specdec_core.bench.methods import trace_forwards
-from specdec_core.drafters.base import Draft, Drafter
+from specdec_core.drafter import Draft, Drafter
 from specdec_core.policy import MAX_DRAFT_LENGTH
 from tests.tiny_models import perturbed_copy, random_eagle_head, tiny_llama, tiny_qwen2
 

@@ -5,7 +5,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
-from specdec_core.gguf_index import read_tensors
+from specdec_core.kernels.gguf_index import read_tensors
 from tests.tiny_models import SMOLLM2_GGUF, require, smollm2_dir
 
 

@@ -3,7 +3,7 @@ many tokens the learned one is asked for."""
 
 import torch
 
-from specdec_core.drafters.base import Draft, Drafter
+from specdec_core.drafter import Draft, Drafter
 from specdec_core.drafters.hybrid import PROBE_EVERY, HybridDrafter
 from specdec_core.policy import Acceptance, StepCosts
 from specdec_core.sampling import SamplingParams

@@ -1,4 +1,4 @@
-"""4-bit CPU linear layers from GGUF blocks (specdec_core/int4_linear.py).
+"""4-bit CPU linear layers from GGUF blocks (specdec_core/kernels/int4_linear.py).
 
 Tolerances, per GGUF type (Q4_0, Q4_1, Q8_0), against the fp32 weights gguf (and so
 transformers) dequantises the same blocks to:
@@ -16,8 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from specdec_core import SamplingParams, int4_linear
-from specdec_core.int4_linear import DENSE_ROWS, GROUP, Groups, Int4Linear, decode_blocks, kernel_problem, use_gguf_weights
+from specdec_core import SamplingParams
+from specdec_core.kernels import int4_linear
+from specdec_core.kernels.int4_linear import DENSE_ROWS, GROUP, Groups, Int4Linear, decode_blocks, kernel_problem, use_gguf_weights
 from tests.tiny_models import require
 
 from gguf import GGMLQuantizationType  # a requirement: transformers reads GGUF files with it
@@ -236,7 +237,7 @@ def test_the_preset_says_which_weights_run(smollm2_gguf):
 def test_the_eagle_head_of_the_4bit_target_runs_on_q8_0_groups_of_its_weights(smollm2_gguf):
     """Its nine linear layers on the int4 kernel (a third of the fp32 head's memory); bound to the
     target again by every engine, it keeps them (the drafters' greedy identity: the test below)."""
-    from specdec_core.int4_linear import Int4Linear
+    from specdec_core.kernels.int4_linear import Int4Linear
 
     head = smollm2_gguf.info[-1]
     assert head.role == "eagle head" and head.quantization == "q8_0 on int4 kernels"
@@ -339,7 +340,7 @@ def _prompt(models, message: str) -> list[int]:
 def test_on_the_4bit_target_a_verify_steps_rows_are_bitwise_its_one_token_steps(smollm2_gguf):
     """The whole real model, every row of steps over 2 to 9 tokens against 1-token steps."""
     from specdec_core.chat import chat_prompt_ids
-    from specdec_core.runner import CachedModel
+    from specdec_core.decoding.eager import CachedModel
 
     models = smollm2_gguf
     prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": "Explain how a bicycle gear works."}])

@@ -1,8 +1,10 @@
 """The folders show the layers: no module of specdec_core imports from a layer above its own.
 
-Layers, bottom up: the core (specdec_core/*.py), drafters/, presets/, then the wings that use
-them (bench/, train/, serve/), which do not import each other; the entry points
-(`python -m specdec_core`, `python -m specdec_core.cost_model`) and the app sit on top.
+Layers, bottom up: the decode paths (decoding/: how a model runs its steps), the 4-bit CPU
+kernels (kernels/), the algorithm (specdec_core/*.py: engine, acceptance, sampling, policy, ...),
+the drafters (drafters/), presets and loading (presets/), then the wings that use them (bench/,
+train/, serve/), which do not import each other; the entry points (`python -m specdec_core`,
+`python -m specdec_core.cost_model`) and the app sit on top.
 """
 
 from __future__ import annotations
@@ -11,15 +13,17 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdec_core"
-LAYERS = {"": 0, "drafters": 1, "presets": 2, "bench": 3, "train": 3, "serve": 3}
+LAYERS = {"decoding": 0, "kernels": 1, "": 2, "drafters": 3, "presets": 4, "bench": 5, "train": 5, "serve": 5}
+WINGS = 5  # the layer whose folders must not import each other
 ENTRY_POINTS = {"__main__.py", "cost_model.py", "gpu_check.py", "train_eagle.py"}  # faces that live in the top folder
-TOP = 4
+TOP = 6
 
 
 def _folder(module: str) -> str:
-    """The wing a dotted module name below specdec_core belongs to ("" for the core)."""
-    parts = module.split(".")
-    return parts[0] if len(parts) > 1 and parts[0] in LAYERS else ""
+    """The layer's folder a dotted module name below specdec_core belongs to ("" for the core).
+    A folder imported by its own name (`from .drafters import X`) is that folder's."""
+    first = module.split(".")[0]
+    return first if first in LAYERS else ""
 
 
 def _imports(path: Path) -> list[str]:
@@ -44,7 +48,7 @@ def _imports(path: Path) -> list[str]:
 def _rank(path: Path) -> tuple[int, str]:
     relative = path.relative_to(PACKAGE)
     if len(relative.parts) == 1:
-        return (TOP if relative.name in ENTRY_POINTS else 0), ""
+        return (TOP if relative.name in ENTRY_POINTS else LAYERS[""]), ""
     return LAYERS[relative.parts[0]], relative.parts[0]
 
 
@@ -65,7 +69,7 @@ def test_no_module_imports_from_a_layer_above_it():
                 target_rank = TOP
             else:
                 target_rank = LAYERS[folder]
-            sideways = rank == target_rank == 3 and folder != wing
+            sideways = rank == target_rank == WINGS and folder != wing
             if target_rank > rank or sideways:
                 upward.append(f"{path.relative_to(PACKAGE)} imports {name}")
     assert not upward, "imports that point up or across wings:\n" + "\n".join(upward)
@@ -74,3 +78,8 @@ def test_no_module_imports_from_a_layer_above_it():
 def test_the_check_sees_relative_imports():
     names = _imports(PACKAGE / "presets" / "loaded.py")
     assert "presets.config" in names and "engine" in names
+
+
+def test_a_folder_imported_by_its_own_name_counts_as_that_folder():
+    assert _folder("drafters") == "drafters" and _folder("drafters.eagle") == "drafters"
+    assert _folder("engine") == "" and _folder("decoding.eager") == "decoding"

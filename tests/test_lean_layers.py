@@ -1,4 +1,4 @@
-"""Lean decoder layers (specdec_core/lean_layers.py): the 4-bit CPU path's decoding steps without
+"""Lean decoder layers (specdec_core/kernels/lean_layers.py): the 4-bit CPU path's decoding steps without
 transformers' plumbing, bitwise what transformers' layers compute."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import copy
 import torch
 from torch.profiler import profile
 
-from specdec_core.int4_linear import Int4Linear, quantise_linear_layers
-from specdec_core.lean_layers import use_lean_layers, uses_lean_layers
-from specdec_core.row_attention import MAX_ROWS, use_row_exact_attention
-from specdec_core.runner import CachedModel
+from specdec_core.kernels.int4_linear import Int4Linear, quantise_linear_layers
+from specdec_core.kernels.lean_layers import use_lean_layers, uses_lean_layers
+from specdec_core.kernels.row_attention import MAX_ROWS, use_row_exact_attention
+from specdec_core.decoding.eager import CachedModel
 from tests.test_row_attention import VOCAB, _int4_tiny_llama
 from tests.tiny_models import tiny_llama, tiny_qwen2
 
@@ -115,7 +115,7 @@ def test_compiled_lean_steps_compute_what_compiled_transformers_layers_do():
     """CompiledSteps traces the lean step too (one int4 call fewer per stacked projection pays
     there as well); its rows, padded and in pieces, are bitwise what the same model's compiled
     steps give on transformers' layers (whose rows test_compiled_runner checks against 1-token steps)."""
-    from specdec_core.compiled_runner import COMPILED_DYNAMIC, CompiledSteps
+    from specdec_core.decoding.compiled import COMPILED_DYNAMIC, CompiledSteps
 
     prompt, tokens = _tokens(0, 30), _tokens(1, 12)
     rows = []

@@ -121,7 +121,7 @@ def test_unload_frees_the_models(tiny_presets):
 def test_compiling_on_cpu_compiles_the_targets_steps_and_a_failure_leaves_it_eager(monkeypatch, tiny_presets):
     """compile: true on CPU builds the target's CompiledSteps (the draft stays eager); where
     torch.compile fails, one note says why and every drafter still gives the baseline reply."""
-    from specdec_core.compiled_runner import CompiledSteps
+    from specdec_core.decoding.compiled import CompiledSteps
 
     def unavailable(*args, **kwargs):
         raise RuntimeError("torch.compile is not available on this machine")
@@ -142,7 +142,7 @@ def test_compiled_cpu_steps_read_the_eagle_heads_features_so_its_engines_stay_co
     head's feature layers, the "eagle" and "hybrid" engines run on them, and the models panel
     does not say the target decodes eagerly. (torch.compile is the identity here, to keep this
     fast; test_compiled_runner compiles for real.)"""
-    from specdec_core.compiled_runner import CompiledSteps
+    from specdec_core.decoding.compiled import CompiledSteps
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
     models = load_preset("tiny-eagle", tiny_presets.config, compile=True)
@@ -162,7 +162,7 @@ def test_auto_compiles_a_4bit_cpu_targets_steps_in_the_background(monkeypatch):
     background, with a note; a single reply (compile_in_background=False) and an fp32 target stay
     eager; compile: true compiles now. (torch.compile is the identity here, to keep this fast;
     test_compiled_runner compiles in the background for real.)"""
-    from specdec_core.compiled_runner import COMPILED_DYNAMIC, CompiledSteps
+    from specdec_core.decoding.compiled import COMPILED_DYNAMIC, CompiledSteps
     from specdec_core.presets.loading import _cpu_runners
     from tests.test_lean_layers import _stock_and_lean
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from specdec_core import PromptLookupDrafter, SamplingParams, SpeculativeEngine
-from specdec_core.packed_linear import PackedLinear, has_packed_layers, pack_linear_layers, packing_problem
+from specdec_core.kernels.packed_linear import PackedLinear, has_packed_layers, pack_linear_layers, packing_problem
 from tests.tiny_models import tiny_llama, tiny_qwen2
 
 PROMPT = torch.tensor([[5, 17, 99, 1234, 4321, 7, 7, 42, 3000, 11]])

@@ -246,7 +246,7 @@ def test_a_bad_gguf_file_is_one_line_naming_it(tmp_path, empty_hub_cache, conten
 def test_engines_sharing_a_kept_cache_take_turns(sampling_pair, smol_tokenizer):
     """A stream whose shared cache another generation has started on stops with an error at its
     next round, instead of decoding from a cache that no longer holds its tokens."""
-    from specdec_core.runner import CachedModel, KeptRunner
+    from specdec_core.decoding.eager import CachedModel, KeptRunner
 
     target, draft = sampling_pair
     kept = KeptRunner(CachedModel, target)

@@ -1,13 +1,13 @@
-"""Row-exact attention (specdec_core/row_attention.py): each row of a verify step scores bitwise as
+"""Row-exact attention (specdec_core/kernels/row_attention.py): each row of a verify step scores bitwise as
 a 1-token step does, so greedy speculation on a bf16-rounding target stays token-for-token exact."""
 
 from __future__ import annotations
 
 import torch
 
-from specdec_core.int4_linear import kernel_problem, quantise_linear_layers
-from specdec_core.row_attention import MAX_ROWS, use_row_exact_attention, uses_row_exact_attention, why_not_row_exact
-from specdec_core.runner import CachedModel
+from specdec_core.kernels.int4_linear import kernel_problem, quantise_linear_layers
+from specdec_core.kernels.row_attention import MAX_ROWS, use_row_exact_attention, uses_row_exact_attention, why_not_row_exact
+from specdec_core.decoding.eager import CachedModel
 from tests.tiny_models import require, tiny_llama, tiny_qwen2
 
 VOCAB = 512

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from specdec_core.runner import CachedModel, GrowingLayer, KeptRunner, cache_kwargs, growing_cache
+from specdec_core.decoding.eager import CachedModel, GrowingLayer, KeptRunner, cache_kwargs, growing_cache
 from tests.tiny_models import tiny_llama, tiny_qwen2
 
 

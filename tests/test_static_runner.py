@@ -12,8 +12,8 @@ import torch
 from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
 from specdec_core import theory
 from specdec_core.bench import cost_model
-from specdec_core.runner import CachedModel
-from specdec_core.static_runner import (
+from specdec_core.decoding.eager import CachedModel
+from specdec_core.decoding.static import (
     COMPILED_STATIC,
     DEFAULT_STEP_SIZES,
     DRAFT_STEP_SIZES,
@@ -122,9 +122,11 @@ def test_a_spilled_sequence_returns_to_the_static_cache_once_it_fits_again():
 
 
 def test_default_step_sizes_are_a_few_buckets_padded_up():
-    from specdec_core.static_runner import step_buckets
+    from specdec_core.decoding.compiling import step_buckets
+    from specdec_core.policy import MAX_DRAFT_LENGTH
 
     assert DEFAULT_STEP_SIZES == (1, 2, 4, 8, 9) and step_buckets(9) == DEFAULT_STEP_SIZES
+    assert DEFAULT_STEP_SIZES[-1] == MAX_DRAFT_LENGTH + 1  # the adaptive policy's longest verify, one graph
     assert step_buckets(1) == (1,) and step_buckets(5) == (1, 2, 4, 5)
 
 
@@ -135,7 +137,7 @@ def test_outgrowing_the_cache_stays_identical_and_logs_once(smol_tokenizer, capl
     expected = eager_baseline(target, smol_tokenizer, prompt, new_tokens=40)
     steps = StaticSteps(target, compile=False, max_length=len(prompt) + 12)
     draft_steps = StaticSteps(draft, compile=False, step_sizes=DRAFT_STEP_SIZES, max_length=len(prompt) + 12)
-    with caplog.at_level(logging.WARNING, logger="specdec_core.static_runner"):
+    with caplog.at_level(logging.WARNING, logger="specdec_core.decoding.static"):
         for _ in range(2):
             engine = SpeculativeEngine(target, smol_tokenizer, drafter=ModelDrafter(draft, make_runner=draft_steps),
                                        draft_length=3, adaptive=False, make_runner=steps)
@@ -188,9 +190,9 @@ def _unavailable_compile(*args, **kwargs):
 def test_fallback_when_compile_is_unavailable(smol_tokenizer, monkeypatch, caplog):
     monkeypatch.setattr(torch, "compile", _unavailable_compile)
     target = tiny_llama(seed=13, vocab=1000)
-    with caplog.at_level(logging.INFO, logger="specdec_core.static_runner"):
+    with caplog.at_level(logging.INFO, logger="specdec_core.decoding.static"):
         steps = StaticSteps(target, compile=True, progress=False)
-    lines = [r for r in caplog.records if r.name == "specdec_core.static_runner"]
+    lines = [r for r in caplog.records if r.name == "specdec_core.decoding.static"]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
     assert "not available on this machine" in lines[0].message and "eagerly" in lines[0].message
     assert steps.decode_path == EAGER_DYNAMIC and not steps.compiled
@@ -209,12 +211,12 @@ def test_fallback_when_a_compiled_step_fails_mid_generation(smol_tokenizer, monk
     steps = StaticSteps(target, compile=True, warmup=False, step_sizes=(1, 2, 4), max_length=96)
     assert steps.decode_path == COMPILED_STATIC
     prompt = random_prompt(41)
-    with caplog.at_level(logging.WARNING, logger="specdec_core.static_runner"):
+    with caplog.at_level(logging.WARNING, logger="specdec_core.decoding.static"):
         engine = SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter(), draft_length=3,
                                    adaptive=False, make_runner=steps)
         result = engine.generate(prompt, SamplingParams(max_new_tokens=NEW_TOKENS))
     assert result.token_ids == eager_baseline(target, smol_tokenizer, prompt)
-    lines = [r for r in caplog.records if r.name == "specdec_core.static_runner"]
+    lines = [r for r in caplog.records if r.name == "specdec_core.decoding.static"]
     assert len(lines) == 1 and "eagerly" in lines[0].message
     assert steps.decode_path == EAGER_DYNAMIC
 
@@ -334,7 +336,7 @@ def test_loading_builds_compiled_runners_and_says_so(compile_presets, monkeypatc
     """compile on, on CPU: the target gets CompiledSteps built at load (the draft stays eager),
     engines use them, describe() and decode_path say so. (On CUDA both would get StaticSteps;
     torch.compile is replaced by the identity here to keep this fast.)"""
-    from specdec_core.compiled_runner import COMPILED_DYNAMIC, CPU_STEP_SIZES, CompiledSteps
+    from specdec_core.decoding.compiled import COMPILED_DYNAMIC, CPU_STEP_SIZES, CompiledSteps
     from specdec_core.presets.loaded import unload
     from specdec_core.presets.loading import load_preset
 

@@ -80,7 +80,7 @@ def fitted_eagle_head(target, sequences: list[list[int]], steps: int = 30, seed:
     `sequences`; its draft vocabulary is exactly their tokens. Tests use it to see acceptance,
     which proves the features, positions and d2t mapping line up end to end."""
     from specdec_core.drafters import Eagle3Head
-    from specdec_core.features import feature_tap
+    from specdec_core.decoding.features import feature_tap
 
     vocab = sorted({t for s in sequences for t in s})
     head = Eagle3Head.random(target.config, draft_vocab_size=len(vocab), seed=seed)

@@ -33,7 +33,7 @@ import torch
 from ..cli import inform, run_guarded
 from ..engine import SpeculativeEngine
 from ..presets.config import CPU_WEIGHTS
-from ..runner import CachedModel
+from ..decoding.eager import CachedModel
 from ..sampling import SamplingParams
 from ..theory import expected_tokens, leviathan_speedup
 from .cost_model import build_model, load_architecture, time_steps
@@ -105,7 +105,7 @@ def subject_from_architecture(
 ) -> Subject:
     """A random-weight model of a known architecture (or a config.json), random-token prompts;
     compile=True decodes through compiled static-cache steps (StaticSteps), as the app on a GPU."""
-    from ..static_runner import StaticSteps
+    from ..decoding.static import StaticSteps
 
     device = torch.device(device)
     torch.manual_seed(seed)

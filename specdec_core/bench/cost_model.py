@@ -187,7 +187,7 @@ def run_cost_model(
         raise ValueError("mode packed is for CPU (prepacked oneDNN weights): use --device cpu")
     if max_k < 1 or context < 1 or repeats < 1:
         raise ValueError("--max-k, --context and --repeats must be >= 1")
-    from ..static_runner import DEFAULT_MAX_LENGTH
+    from ..decoding.static import DEFAULT_MAX_LENGTH
 
     if "compiled" in modes and (cache_length or DEFAULT_MAX_LENGTH) < context + max_k + 1:
         raise ValueError(f"the static cache ({cache_length or DEFAULT_MAX_LENGTH} tokens) can't hold --context "
@@ -307,7 +307,7 @@ def _packed_copy(model):
     """A copy of `model` with its linear layers prepacked (packed_linear), as the app loads it on CPU."""
     import copy
 
-    from ..packed_linear import pack_linear_layers
+    from ..kernels.packed_linear import pack_linear_layers
 
     packed = copy.deepcopy(model)
     _, problem = pack_linear_layers(packed)
@@ -319,8 +319,8 @@ def _packed_copy(model):
 def _runner_factory(mode: str, model, role: str, cache_length: int | None, progress: bool, runners: dict):
     """(make_runner, info) for one mode: eager and packed = CachedModel, compiled = StaticSteps
     as the app builds them (its step sizes, its cache length unless one is given)."""
-    from ..runner import CachedModel
-    from ..static_runner import DEFAULT_STEP_SIZES, DRAFT_STEP_SIZES, EAGER_DYNAMIC, StaticSteps
+    from ..decoding.eager import CachedModel
+    from ..decoding.static import DEFAULT_STEP_SIZES, DRAFT_STEP_SIZES, EAGER_DYNAMIC, StaticSteps
 
     if mode in ("eager", "packed"):
         path = EAGER_DYNAMIC + (", prepacked weights" if mode == "packed" else "")
@@ -357,7 +357,7 @@ def eagle_costs(target, context: int, repeats: int, device: torch.device, modes:
 def time_eagle_step(head, target, context: int, repeats: int, device: torch.device) -> float:
     """Median ms of one EAGLE draft step after `context` positions are in the head's cache: the
     logits of the last output, its argmax, that token's embedding, and the head's layer on it."""
-    from ..runner import growing_cache
+    from ..decoding.eager import growing_cache
 
     embed = target.get_input_embeddings()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

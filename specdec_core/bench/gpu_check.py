@@ -44,7 +44,7 @@ import torch
 
 from ..cli import inform, one_line
 from ..engine import SpeculativeEngine
-from ..runner import CachedModel
+from ..decoding.eager import CachedModel
 from ..sampling import SamplingParams
 from .machine import load_average
 
@@ -182,7 +182,7 @@ def environment(device: str) -> dict:
         env["capability"] = f"{properties.major}.{properties.minor}"
     else:
         env["gpu"] = None
-    from ..runner import cache_kwargs
+    from ..decoding.eager import cache_kwargs
 
     env["cache_keyword"] = next(iter(cache_kwargs(_tiny_probe_model(), None)))
     return env
@@ -322,7 +322,7 @@ def _cudagraph_skips() -> int:
 
 def part_correctness(scale: Scale, part: Part, shared: dict, out: Path) -> str | None:
     """fp32, TF32 off: every drafter, eager and compiled, gives plain decoding's tokens."""
-    from ..static_runner import DRAFT_STEP_SIZES, StaticSteps
+    from ..decoding.static import DRAFT_STEP_SIZES, StaticSteps
 
     with _tf32_off():
         target = _build(scale.target, torch.float32, scale.device, seed=0)
@@ -384,7 +384,7 @@ def part_fast_path(scale: Scale, part: Part, shared: dict, out: Path) -> str | N
               "draft": _build(scale.draft, dtype, scale.device, seed=1)}
     runners: dict = {}
     if scale.backend != "inductor":  # the app's steps, traced only (see Scale.backend)
-        from ..static_runner import DEFAULT_STEP_SIZES, DRAFT_STEP_SIZES, StaticSteps
+        from ..decoding.static import DEFAULT_STEP_SIZES, DRAFT_STEP_SIZES, StaticSteps
 
         for role, sizes in (("target", DEFAULT_STEP_SIZES), ("draft", DRAFT_STEP_SIZES)):
             runners[role] = StaticSteps(models[role], step_sizes=sizes, progress=False, name=role, backend=scale.backend)

@@ -8,9 +8,9 @@ import time
 
 import torch
 
-from ..gguf_index import read_tensors
-from ..int4_linear import Int4Linear
-from ..packed_linear import PackedLinear
+from ..kernels.gguf_index import read_tensors
+from ..kernels.int4_linear import Int4Linear
+from ..kernels.packed_linear import PackedLinear
 
 _SHAPE_ONLY = (PackedLinear, Int4Linear)  # they keep a `weight` (the tied head's) only for code that reads it
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..engine import eos_token_ids
+from ..chat import eos_token_ids
 from ..sampling import SamplingParams
 
 OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lookup"

@@ -1,6 +1,6 @@
 """The theory check: the speedup Leviathan et al. predict from measured acceptance and costs.
 
-Costs are measured with small timing probes through specdec_core.runner.CachedModel on one
+Costs are measured with small timing probes through specdec_core.decoding.eager.CachedModel on one
 prompt of each category: a target 1-token step, a target verify step over 1 + k tokens for
 each draft length k used, a draft-model 1-token step and a prompt-lookup search. Our engine's
 drafting cost is its own, timed during the runs (Stats.draft_s): that prices every drafter,
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .methods import RoundCounts
 from .cost_model import time_steps
 from ..drafters import find_continuation
-from ..runner import CachedModel
+from ..decoding.eager import CachedModel
 from ..theory import expected_tokens, predicted_speedup  # noqa: F401 - predicted_speedup: the bench's name too
 
 

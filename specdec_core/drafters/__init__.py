@@ -1,6 +1,6 @@
 """Drafters: one module per drafting method, all behind the interface in base.py."""
 
-from .base import NO_DRAFT, Draft, Drafter
+from ..drafter import NO_DRAFT, Draft, Drafter
 from .eagle import EagleDrafter
 from .eagle_head import Eagle3Head
 from .hybrid import HybridDrafter

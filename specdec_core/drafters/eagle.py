@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from ..errors import LoadError
-from ..runner import cache_memory_bytes, growing_cache, shared_prefix_length
+from ..decoding.eager import cache_memory_bytes, growing_cache, shared_prefix_length
 from ..sampling import SamplingParams, probabilities, sample
-from .base import NO_DRAFT, Draft, Drafter
+from ..drafter import NO_DRAFT, Draft, Drafter
 from .eagle_head import Eagle3Head
 
 _HEAD_FILES = ["config.json", "*.safetensors", "pytorch_model.bin"]

@@ -28,7 +28,7 @@ import torch
 
 from ..policy import DraftSource, StepCosts, best_length
 from ..sampling import SamplingParams
-from .base import NO_DRAFT, Draft, Drafter
+from ..drafter import NO_DRAFT, Draft, Drafter
 from .lookup import PromptLookupDrafter
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ..sampling import SamplingParams
-from .base import Draft, Drafter
+from ..drafter import Draft, Drafter
 
 
 class PromptLookupDrafter(Drafter):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..runner import CachedModel, KeptRunner
+from ..decoding.eager import CachedModel, KeptRunner
 from ..sampling import SamplingParams, probabilities, sample
-from .base import Draft, Drafter
+from ..drafter import Draft, Drafter
 
 _READ_BY_A_ROUND = 2  # unread context tokens a ModelDrafter's proposal reads in its first step
 

@@ -4,16 +4,17 @@ costs (ModelInfo), and unloading them. Loading itself is loading.py's."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from ..decoding.base import DecodePath
+from ..decoding.eager import EagerPath
 from ..errors import LoadError
-from ..int4_linear import gguf_weight_summary
-from ..lean_layers import uses_lean_layers
-from ..packed_linear import has_packed_layers
-from ..row_attention import uses_row_exact_attention
+from ..kernels.int4_linear import gguf_weight_summary
+from ..kernels.lean_layers import uses_lean_layers
+from ..kernels.packed_linear import has_packed_layers
+from ..kernels.row_attention import uses_row_exact_attention
 from .config import DRAFTERS, Preset
 
 __all__ = ["LoadedModels", "ModelInfo", "unload"]
@@ -54,11 +55,10 @@ class LoadedModels:
     info: list[ModelInfo]
     notes: list[str] = field(default_factory=list)  # one-line remarks: auto choice, fallbacks
     draft_tokenizer: object | None = None
-    # The make_runner of each model in engines (who owns its KV cache): None for the eager
-    # dynamic cache (CachedModel), or compiled steps warmed up at load (StaticSteps on CUDA,
-    # CompiledSteps on CPU).
-    target_runner: Callable | None = None
-    draft_runner: Callable | None = None
+    # The decode path of each model, the make_runner of its engines (who owns its KV cache):
+    # EagerPath, or compiled steps (StaticSteps on CUDA, CompiledSteps on CPU). None: eager.
+    target_runner: DecodePath | None = None
+    draft_runner: DecodePath | None = None
     # The preset's EAGLE-3 head (shared by every engine that drafts with it), or why there is none.
     eagle_head: torch.nn.Module | None = None
     eagle_problem: str | None = None
@@ -85,9 +85,9 @@ class LoadedModels:
             raise LoadError(f"the models of preset {self.preset.name} were unloaded: load it again")
         drafter, draft_length, adaptive = self._settings(drafter, draft_length, adaptive)
         built = self._drafter(drafter)
-        target_runner = self.target_runner
-        if built is not None and not _reads_features(target_runner, built.feature_layers):
-            target_runner = None  # the compiled steps can't hand it the target's features: eager forwards can
+        target_path = self.path("target")
+        if built is not None and not target_path.reads_features(built.feature_layers):
+            target_path = EagerPath(self.target)  # the compiled steps can't hand it the target's features: eager forwards can
         return SpeculativeEngine(
             self.target,
             self.tokenizer,
@@ -95,19 +95,23 @@ class LoadedModels:
             draft_length=draft_length,
             adaptive=adaptive,
             stop_strings=stop_strings,
-            **_runner_argument(target_runner),
-            kept=self._kept_cache("target", self.target, target_runner),
+            make_runner=target_path,
+            kept=self._kept_cache("target", target_path),
         )
 
-    def _kept_cache(self, role: str, model, runner: Callable | None):
-        """The one KeptRunner of a model's cache on a decode path (`runner`: its make_runner,
-        None for the eager CachedModel; an EAGLE engine on compiled steps that can't hand it
-        features reads the target eagerly)."""
-        from ..runner import CachedModel, KeptRunner
+    def path(self, role: str) -> DecodePath:
+        """The decode path of the "target" or the "draft" (eager where none was chosen)."""
+        model, path = (self.target, self.target_runner) if role == "target" else (self.draft, self.draft_runner)
+        return path if path is not None else EagerPath(model)
 
-        key = (role, runner)
+    def _kept_cache(self, role: str, path: DecodePath):
+        """The one KeptRunner of a model's cache on a decode path (an EAGLE engine on compiled
+        steps that can't hand it features reads the target eagerly, on a cache of its own)."""
+        from ..decoding.eager import KeptRunner
+
+        key = (role, path)
         if key not in self._kept:
-            self._kept[key] = KeptRunner(runner or CachedModel, model)
+            self._kept[key] = KeptRunner(path, path.model)
         return self._kept[key]
 
     def cache_bytes(self) -> dict[str, int]:
@@ -144,28 +148,30 @@ class LoadedModels:
     def wait_for_compiling(self, timeout: float | None = None) -> bool:
         """Wait for a background compile of the decoding steps (compile: auto on CPU) to end;
         whether it has ended (at once without one), so the decode path is the one it will keep."""
-        runners = [r for r in (self.target_runner, self.draft_runner) if getattr(r, "compiling", False)]
-        for runner in runners:
-            runner.wait(timeout)
-        return not any(runner.compiling for runner in runners)
+        compiling = [path for path in self._paths() if path.compiling]
+        for path in compiling:
+            path.wait(timeout)
+        return not any(path.compiling for path in compiling)
+
+    def _paths(self) -> list[DecodePath]:
+        return [self.path(role) for role, model in (("target", self.target), ("draft", self.draft)) if model is not None]
 
     @property
     def decode_path(self) -> str:
         """The decode path engines take: "compiled static cache" or "eager dynamic cache" (or
         "eager static cache"); per model when the target's and the draft's differ."""
-        target = _decode_path(self.target_runner)
-        draft = _decode_path(self.draft_runner) if self.draft is not None else target
+        target = _decode_path(self.path("target"))
+        draft = _decode_path(self.path("draft")) if self.draft is not None else target
         return target if draft == target else f"target {target}, draft {draft}"
 
     def describe(self) -> str:
         """One line per model: parameters, memory, device, dtype, quantization, load time, decode path."""
-        runners = {"target": (self.target_runner, self.target), "draft": (self.draft_runner, self.draft)}
         lines = []
         for info in self.info:
-            if info.role in runners:
-                lines.append(f"{info.line()}  decode: {_decode_path(*runners[info.role])}")
+            if info.role in ("target", "draft"):
+                lines.append(f"{info.line()}  decode: {_decode_path(self.path(info.role), detailed=True)}")
             else:  # the EAGLE head runs eagerly; the target under it as its steps allow
-                eager_target = not _reads_features(self.target_runner, self.eagle_head.layer_ids)
+                eager_target = not self.path("target").reads_features(self.eagle_head.layer_ids)
                 target_path = "; the target decodes eagerly with it" if eager_target else ""
                 lines.append(f"{info.line()}  decode: eager{target_path}")
         return "\n".join(lines)
@@ -191,8 +197,9 @@ class LoadedModels:
         if self.draft is None:
             missing = "has no draft model" if self.preset.draft is None else "was loaded without its draft model"
             raise LoadError(f"preset {self.preset.name} {missing}: use drafter prompt_lookup or none")
-        return ModelDrafter(self.draft, tokenizer=self.draft_tokenizer, **_runner_argument(self.draft_runner),
-                            kept=self._kept_cache("draft", self.draft, self.draft_runner))
+        draft_path = self.path("draft")
+        return ModelDrafter(self.draft, tokenizer=self.draft_tokenizer, make_runner=draft_path,
+                            kept=self._kept_cache("draft", draft_path))
 
     def _eagle_drafter(self):
         """The one EagleDrafter of this preset's head: it keeps the head's KV cache of the last
@@ -216,17 +223,14 @@ class LoadedModels:
         return f"preset {self.preset.name} was loaded without its EAGLE head"
 
 
-def _runner_argument(runner: Callable | None) -> dict:
-    return {} if runner is None else {"make_runner": runner}
-
-
-def _decode_path(runner: Callable | None, model=None) -> str:
-    path = getattr(runner, "decode_path", "eager dynamic cache")
-    failed = getattr(runner, "fallback_reason", None)
-    if failed:  # (a background compile fails long after the load's notes were written)
-        path += f" (torch.compile failed: {failed})"
-    if model is None:
+def _decode_path(decode_path: DecodePath, detailed: bool = False) -> str:
+    """The path's name; `detailed`: with why compiling failed and what runs the steps."""
+    path = decode_path.decode_path
+    if not detailed:
         return path
+    if decode_path.fallback_reason:  # (a background compile fails long after the load's notes were written)
+        path += f" (torch.compile failed: {decode_path.fallback_reason})"
+    model = decode_path.model
     gguf = gguf_weight_summary(model)
     if gguf:
         path += f", {gguf} on int4 kernels"
@@ -237,22 +241,13 @@ def _decode_path(runner: Callable | None, model=None) -> str:
     return f"{path}, prepacked weights" if has_packed_layers(model) else path
 
 
-def _reads_features(runner, layer_ids: tuple[int, ...]) -> bool:
-    """Whether engines on `runner` (a make_runner; None: eager) hand a drafter reading the target
-    layers `layer_ids` its features: eager forwards always do (hooks); compiled steps only
-    when compiled with them (CompiledSteps.reads_features); CUDA graphs don't."""
-    if not layer_ids or runner is None or not getattr(runner, "compiled", False):
-        return True
-    return getattr(runner, "reads_features", lambda layers: False)(layer_ids)
-
-
 def unload(models: LoadedModels) -> None:
     """Drop the models and free their memory (engines built from them must be dropped too)."""
-    runners = [r for r in (models.target_runner, models.draft_runner) if r is not None]
-    for runner in runners:
-        getattr(runner, "close", lambda: None)()  # a background compile stops at once
-    compiled = any(getattr(r, "compiled", False) for r in runners)
-    compiling = any(getattr(r, "compiling", False) for r in runners)
+    paths = models._paths() if models.target is not None else []
+    for path in paths:
+        path.close()  # a background compile stops at once
+    compiled = any(path.compiled for path in paths)
+    compiling = any(path.compiling for path in paths)
     models.target = None
     models.draft = None
     models.eagle_head = None

@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import torch
 
-from ..int4_linear import gguf_weight_summary
-from ..lean_layers import use_lean_layers
-from ..row_attention import use_row_exact_attention
+from ..kernels.int4_linear import gguf_weight_summary
+from ..kernels.lean_layers import use_lean_layers
+from ..kernels.row_attention import use_row_exact_attention
 from .auto import choose_auto_preset
 from .config import AUTO, ModelSpec, Preset, load_config
 from .load_errors import load_errors
@@ -167,7 +167,7 @@ def _head_on_int4(head) -> str:
     and the same acceptance on the 30 Spec-Bench questions (0.328 of first drafts kept against
     0.330); Q4_1 groups were faster still (0.75 ms) but kept 0.310. A layer the blocks can't hold
     (a width not a multiple of 32) leaves the head as loaded."""
-    from ..int4_linear import GROUP, quantise_linear_layers
+    from ..kernels.int4_linear import GROUP, quantise_linear_layers
 
     if any(isinstance(m, torch.nn.Linear) and m.in_features % GROUP for m in head.modules()):
         return "none"
@@ -179,13 +179,14 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
                     feature_layers: tuple[int, ...] = (), background: bool = True):
     """(target_runner, draft_runner): compiled steps when compiling is on, else None.
 
-    On CUDA both models get a static cache and CUDA graphs (static_runner), compiled and warmed
+    On CUDA both models get a static cache and CUDA graphs (decoding/static.py), compiled and warmed
     up for every step shape now (with a progress bar), so the first reply is not slow. On CPU
     only the target's steps are compiled (_cpu_runners). A failure leaves that model eager: one
     log line and one note say why.
     """
     from ..policy import MAX_DRAFT_LENGTH
-    from ..static_runner import DRAFT_STEP_SIZES, StaticSteps, step_buckets, wants_compile
+    from ..decoding.compiling import step_buckets, wants_compile
+    from ..decoding.static import DRAFT_STEP_SIZES, StaticSteps
 
     if target.device.type == "cpu":
         return _cpu_runners(target, draft, setting, notes, feature_layers, background), None
@@ -217,9 +218,9 @@ def _cpu_runners(target, draft, setting: bool | str, notes: list[str], feature_l
     takes the compiled steps from the first reply after they are ready, minutes later. Those
     steps read no features (an EAGLE engine reads the target eagerly). A draft stays eager.
     """
-    from ..compiled_runner import CompiledSteps
-    from ..lean_layers import uses_lean_layers
-    from ..static_runner import wants_compile
+    from ..decoding.compiled import CompiledSteps
+    from ..kernels.lean_layers import uses_lean_layers
+    from ..decoding.compiling import wants_compile
 
     background = background_allowed and setting == "auto" and uses_lean_layers(target)
     if not background and not wants_compile(setting, target.device):
@@ -246,7 +247,7 @@ def _noted(notes: list[str], role: str, steps):
 def _use_gguf_weights(spec: ModelSpec, model, info: ModelInfo) -> tuple[ModelInfo, list[str]]:
     """Run the target's linear layers on its GGUF file's 4-bit blocks (see int4_linear): the
     updated ModelInfo, and one note where that can't be done here (fp32 weights run then)."""
-    from ..int4_linear import use_gguf_weights
+    from ..kernels.int4_linear import use_gguf_weights
 
     with load_errors(spec.label):
         path = gguf_file(spec)
@@ -279,7 +280,7 @@ def _pack_for_cpu(role: str, model, info: list[ModelInfo]) -> list[str]:
     """Prepack the fp32 linear layers of a CPU model for oneDNN (see packed_linear) and update
     its memory in `info` (a packed copy of a tied output embedding is extra); a note if that
     can't be done here."""
-    from ..packed_linear import pack_linear_layers
+    from ..kernels.packed_linear import pack_linear_layers
 
     if model.device.type != "cpu":
         return []

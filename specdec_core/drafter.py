@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..policy import StepCosts
-from ..sampling import SamplingParams
+from .policy import StepCosts
+from .sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -3,20 +3,20 @@
 On CPU a 4-bit step of a small model is bound by memory and by the framework's own work between
 kernels: for SmolLM2-135M on two cores, about 5,000 operator calls, 5 of its 12 ms. Compiling the
 step with inductor's C++ wrapper (`cpp_wrapper`) removes most of that work. The static cache of
-the GPU path (static_runner) does not pay here: every step attends over all of its slots, and on
+the GPU path (decoding/static.py) does not pay here: every step attends over all of its slots, and on
 CPU that costs what compiling saves (1024 slots: 16.5 ms compiled, 16.6 eager). So here the cache
 is the eager path's growing cache (runner.GrowingLayer) and the step is compiled with dynamic
 shapes: the context length is a symbol, and one graph per step size serves every length.
 
 - Step sizes are buckets (1, 2, 4, 8): n tokens run padded to the smallest that holds them, up to
-  row_attention.MAX_ROWS tokens in pieces of the largest. Padded tokens come after the real ones
+  MAX_STEP_TOKENS tokens in pieces of the largest. Padded tokens come after the real ones
   (causal attention keeps them out of the real rows) and their cache entries are cropped after.
 - Row-exact attention (row_attention) keeps each row of a step bitwise what a 1-token step at its
   position gives, compiled as eager, so speculative output stays token-for-token plain decoding's
   (tested). That is also why a verify step too long for one bucket runs in pieces, not eagerly,
   and why the first MIN_CONTEXT positions of a sequence always run eagerly, one token at a time:
   inductor specialises a dimension of size 0 or 1, so a compiled graph needs some context.
-- More than MAX_ROWS tokens (a prompt) are read eagerly on the same cache, as every method reads
+- More than MAX_STEP_TOKENS tokens (a prompt) are read eagerly on the same cache, as every method reads
   them.
 - Built with `feature_layers` (an EAGLE head's), the steps are compiled with the model's
   FeatureTap on those layers already in place (features.py), so the compiled graphs hand the
@@ -56,9 +56,9 @@ import weakref
 import torch
 
 from .features import feature_tap, settle_features, start_features, untapped
-from .row_attention import MAX_ROWS
-from .runner import CachedModel, GrowingLayer, cache_kwargs
-from .static_runner import EAGER_DYNAMIC, PAD_TOKEN, allow_a_graph_per_shape, compile_failed, model_name
+from .base import EAGER_DYNAMIC, MAX_STEP_TOKENS, DecodePath, model_name
+from .compiling import PAD_TOKEN, allow_a_graph_per_shape, compile_failed
+from .eager import CachedModel, GrowingLayer, cache_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ _INDUCTOR_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
 _SKIP_GUARDS_INSIDE_THE_MODEL = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
 
 
-class CompiledSteps:
+class CompiledSteps(DecodePath):
     """One model's compiled steps (a graph per bucket); calling it gives a runner per generation."""
 
     def __init__(self, model, *, step_sizes=CPU_STEP_SIZES, feature_layers: tuple[int, ...] = (),
@@ -147,8 +147,7 @@ class CompiledSteps:
         return not layer_ids or tuple(layer_ids) == self.feature_layers
 
     def __call__(self, model=None) -> CachedModel:
-        if model is not None and model is not self.model:
-            raise ValueError(f"these steps belong to {self.name}, not to {model_name(model)}")
+        self._check_model(model)
         return CompiledRunner(self) if self.compiled else CachedModel(self.model)
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -279,7 +278,7 @@ def _with_own_code(method):
 
 
 class CompiledRunner(CachedModel):
-    """CachedModel whose steps of up to MAX_ROWS tokens run on CompiledSteps' graphs, from the
+    """CachedModel whose steps of up to MAX_STEP_TOKENS tokens run on CompiledSteps' graphs, from the
     first generation that begins (begin()) once they are ready."""
 
     def __init__(self, steps: CompiledSteps, warming_up: bool = False) -> None:
@@ -299,7 +298,7 @@ class CompiledRunner(CachedModel):
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         if not self._compiled:  # (an eager generation is one a background compile may be running beside)
             self._steps.decoding()
-        if not token_ids or len(token_ids) > MAX_ROWS:  # a prompt: read eagerly, as every method reads it
+        if not token_ids or len(token_ids) > MAX_STEP_TOKENS:  # a prompt: read eagerly, as every method reads it
             return super().forward(token_ids, last_only)
         start_features(self.model)  # the pieces settle their rows into the taps: one forward's worth
         rows = [self._step(piece) for piece in self._pieces(token_ids)]

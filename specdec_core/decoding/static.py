@@ -42,48 +42,23 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
-from .policy import MAX_DRAFT_LENGTH
-from .runner import CachedModel, cache_kwargs, cache_memory_bytes
+from .base import EAGER_DYNAMIC, DecodePath, context_limit, model_name
+from .compiling import PAD_TOKEN, allow_a_graph_per_shape, compile_failed, step_buckets
+from .eager import CachedModel, cache_kwargs, cache_memory_bytes
 
 logger = logging.getLogger(__name__)
 
 COMPILED_STATIC = "compiled static cache"
 EAGER_STATIC = "eager static cache"
-EAGER_DYNAMIC = "eager dynamic cache"
 
-PAD_TOKEN = 0  # any valid id: padded positions come after the real ones and are never read
-
-
-def step_buckets(largest: int) -> tuple[int, ...]:
-    """Step sizes 1, 2, 4, ... below `largest`, and `largest` itself: few shapes to compile."""
-    sizes = [1]
-    while sizes[-1] * 2 < largest:
-        sizes.append(sizes[-1] * 2)
-    return tuple(sorted({*sizes, largest}))
-
-
-DEFAULT_STEP_SIZES = step_buckets(MAX_DRAFT_LENGTH + 1)  # (1, 2, 4, 8, 9): a 1-token step, k+1 padded up
+# (1, 2, 4, 8, 9): a 1-token step, and k+1 padded up for the adaptive policy's longest draft
+# (policy.MAX_DRAFT_LENGTH = 8; a test keeps the two in step)
+DEFAULT_STEP_SIZES = step_buckets(9)
 DRAFT_STEP_SIZES = (1, 2)  # a draft feeds 1 token per step, 2 after a fully accepted round
 DEFAULT_MAX_LENGTH = 1024  # tokens of the static cache: every step attends over all of them
-_MIN_RECOMPILE_LIMIT = 64  # one compiled graph per step shape and model
 
 
-def compile_by_default(device: torch.device | str) -> bool:
-    """The `compile: auto` rule for compiling at load: compiled static cache on CUDA, not on CPU
-    (where the loader compiles a 4-bit target's steps in the background instead)."""
-    return torch.device(device).type == "cuda"
-
-
-def wants_compile(setting: bool | str, device: torch.device | str) -> bool:
-    """A preset's or flag's compile setting (true | false | "auto") for a model on `device`."""
-    if setting == "auto":
-        return compile_by_default(device)
-    if isinstance(setting, bool):
-        return setting
-    raise ValueError(f"compile must be true, false or 'auto', got {setting!r}")
-
-
-class StaticSteps:
+class StaticSteps(DecodePath):
     """One model's preallocated KV cache and its compiled fixed-shape steps.
 
     Call it with the model to get a runner for one generation (the make_runner hook). Runners
@@ -138,10 +113,13 @@ class StaticSteps:
             return COMPILED_STATIC
         return EAGER_DYNAMIC if self.fallback_reason else EAGER_STATIC
 
+    def reads_features(self, layer_ids: tuple[int, ...]) -> bool:
+        """CUDA graphs replay no hooks: compiled steps hand a drafter no features."""
+        return not layer_ids or not self.compiled
+
     def __call__(self, model=None):
         """A runner for one generation (CachedModel's interface). `model` must be ours."""
-        if model is not None and model is not self.model:
-            raise ValueError(f"these steps belong to {self.name}, not to {model_name(model)}")
+        self._check_model(model)
         if self.fallback_reason is not None:
             return CachedModel(self.model)
         runner = StaticCacheRunner(self)
@@ -351,33 +329,4 @@ class StaticCacheRunner:
 
 
 def _default_max_length(model) -> int:
-    from .engine import context_limit
-
     return min(context_limit(model), DEFAULT_MAX_LENGTH)
-
-
-def allow_a_graph_per_shape() -> None:
-    """Each step shape (of each model) is its own graph: let dynamo compile that many.
-
-    Read with a default: another caller may have deleted the key (torch's config module then
-    hides it in every thread until someone sets it again; pytest >= 9.2's monkeypatch does that
-    on undo), and setting it here brings it back."""
-    config = torch._dynamo.config
-    config.recompile_limit = max(getattr(config, "recompile_limit", 0), _MIN_RECOMPILE_LIMIT)
-
-
-def compile_failed(log: logging.Logger, name: str, error: BaseException) -> str:
-    """Log the one line that says compiling `name` failed and it decodes eagerly; return why."""
-    reason = _one_line(error)
-    log.warning("torch.compile failed for %s (%s): decoding eagerly", name, reason)
-    return reason
-
-
-def model_name(model) -> str:
-    return getattr(model.config, "name_or_path", "") or type(model).__name__
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    text = f"{type(error).__name__}: {text}" if text else type(error).__name__
-    return text if len(text) <= 300 else text[:297] + "..."

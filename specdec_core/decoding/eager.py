@@ -1,4 +1,5 @@
-"""A causal LM together with the KV cache it owns: forward new tokens, crop on rollback.
+"""The eager decode path: a causal LM together with the KV cache it owns (CachedModel), forward
+new tokens, crop on rollback; and a model's runner kept from one generation to the next.
 
 Position is the state: the cache holds the first `length` tokens of the sequence and nothing
 else reaches into it. Rolling back after rejected drafts is a crop, never a recomputation.
@@ -13,6 +14,8 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from .base import EAGER_DYNAMIC, DecodePath, model_name
 
 
 @functools.cache
@@ -154,6 +157,29 @@ class CachedModel:
         surplus = self.length - keep
         if surplus > 0:
             self.cache.crop(-surplus)
+
+
+class EagerPath(DecodePath):
+    """A model decoding eagerly on its growing cache: CachedModel runners. Two paths of one
+    model are equal, so what is kept per path (a conversation's cache) is kept once."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.name = model_name(model)
+
+    def __call__(self, model=None) -> CachedModel:
+        self._check_model(model)
+        return CachedModel(self.model)
+
+    @property
+    def decode_path(self) -> str:
+        return EAGER_DYNAMIC
+
+    def __eq__(self, other) -> bool:
+        return type(other) is EagerPath and other.model is self.model
+
+    def __hash__(self) -> int:
+        return id(self.model)
 
 
 class KeptRunner:

@@ -36,10 +36,10 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .policy import DRAFT_LENGTH_BOUNDS
+from ..decoding.base import MAX_STEP_TOKENS
 
 NAME = "row_exact_sdpa"
-MAX_ROWS = DRAFT_LENGTH_BOUNDS[1] + 1  # the longest verify step: a token and its drafts
+MAX_ROWS = MAX_STEP_TOKENS  # the longest verify step: a token and its drafts
 
 
 def row_exact_attention(module, query, key, value, attention_mask, **kwargs):

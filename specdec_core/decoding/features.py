@@ -12,7 +12,7 @@ latest input it saw: so torch.compile traces them into compiled steps like any o
 the forward (the compiled graph returns those inputs, and dynamo replays the assignment), with
 no graph break and no recompile when the tap is read or cleared. Hooks put on after compiling
 are not called by the compiled steps (dynamo does not guard on module hooks), so the steps are
-compiled with the tap already there (compiled_runner's feature_layers). A runner that reads one forward
+compiled with the tap already there (decoding/compiled.py's feature_layers). A runner that reads one forward
 in several model calls (compiled steps in pieces) settles each call's rows (`settle_features`).
 transformers' own output_hidden_states would break the compiled graph: it adds hooks per call.
 """
@@ -54,7 +54,7 @@ def untapped(model):
     """A twin of `model` that runs exactly as it does but never writes into its taps: it shares
     every module and weight except the path down to the decoder layers, which are shallow copies,
     the layers without the taps' hooks (and without any hook put on the model after this). For
-    steps compiled on another thread while engines read the model's taps (compiled_runner)."""
+    steps compiled on another thread while engines read the model's taps (decoding/compiled.py)."""
     tap_hooks = {hook for tap in _TAPS.get(model, {}).values() for hook in tap.hook_ids}
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
     layers = nn.ModuleList([_shallow_copy(layer, tap_hooks) for layer in decoder_layers(model)])
