@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one call on a lent GPU machine (see the README, "Checking a GPU"). Needs what
+# The GPU check in one call on a lent GPU machine (see docs/gpu.md). Needs what
 # scripts/prepare_gpu_run.sh put into .whl/ and .probe/ (carry both). Writes into $OUT (at most 8
 # files come back): gpu_check.json/.md, cost_model.md, cost_model_eagle.md, ceiling_free.md,
 # ceiling_c.md and run.log. Ends inside 9.5 minutes: each step has its own timeout. PARTS=a,b

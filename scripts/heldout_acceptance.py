@@ -1,8 +1,8 @@
 """Which head drafts better on the same held-out replies? Measures EAGLE heads on a trainer work
 folder's held-out greedy replies, exactly as the trainer measures its own head at the end.
 
-    python scripts/heldout_acceptance.py --work /work/runs/work_v4 --shards 104 --data-dtype bfloat16 \
-        heads/smollm2-135m-eagle3 /work/runs/head_v4
+    python scripts/heldout_acceptance.py --work heads/my-head/train_work --shards 104 --data-dtype bfloat16 \
+        heads/smollm2-135m-eagle3 heads/my-head
 
 The data settings (--shards, --per-shard, --seed, --data-dtype, --passages) must be the run's: they decide
 which shards are held out and, with --data-dtype other than "target", that the held-out replies
