@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from specdec_core.bench import cli
 from specdec_core.bench import run as bench
 from specdec_core.bench.methods import LLAMACPP, METHODS, RoundCounts, Run, available_methods, rounds_from_trace, timed_run
 from specdec_core.bench.questions import DEFAULT_QUESTIONS, FAMILIES, MT_BENCH_CATEGORIES, load_questions
@@ -155,7 +156,7 @@ def test_unknown_category_and_bad_file_are_one_line_errors(tmp_path):
 def tiny_run(tiny_app_config, tmp_path_factory):
     """`python -m specdec_core.bench` on the tiny preset: 2 questions, 8 tokens, every method."""
     out = tmp_path_factory.mktemp("bench")
-    code = bench.main([
+    code = cli.main([
         "--preset", "tiny", "--config", str(tiny_app_config), "--categories", "translation,rag",
         "--limit", "1", "--max-new-tokens", "8", "--repeats", "1", "--warmup-tokens", "2", "--out", str(out),
     ])
@@ -223,7 +224,7 @@ def test_llamacpp_is_a_method_only_where_llama_cpp_is_importable(tiny_app_config
         assert "llamacpp" not in available_methods()
         problem = bench_methods.llamacpp_problem()
         assert "\n" not in problem and "pip install llama-cpp-python" in problem
-        code = bench.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path),
+        code = cli.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path),
                            "--methods", "ours-baseline,llamacpp"])
         assert code == bench.EXIT_ERROR
         errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
@@ -234,7 +235,7 @@ def test_llamacpp_is_a_method_only_where_llama_cpp_is_importable(tiny_app_config
     assert bench_methods.llamacpp_problem() is None and available_methods() == METHODS
     # the default methods leave it out, with one line, for a target that is not a GGUF file
     capsys.readouterr()
-    code = bench.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path),
+    code = cli.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path),
                        "--categories", "qa", "--limit", "1", "--max-new-tokens", "4", "--repeats", "1",
                        "--warmup-tokens", "0"])
     assert code == 0
@@ -315,7 +316,7 @@ def test_a_mismatch_of_our_method_exits_non_zero(tiny_app_config, tmp_path, monk
         return tokens[:-1] + [tokens[-1] + 1] if self.name == "ours-lookup" else tokens
 
     monkeypatch.setattr(bench_methods.OursMethod, "generate", corrupted)
-    code = bench.main([
+    code = cli.main([
         "--preset", "tiny", "--config", str(tiny_app_config), "--categories", "qa", "--limit", "1",
         "--max-new-tokens", "4", "--repeats", "1", "--warmup-tokens", "0",
         "--methods", "ours-baseline,ours-lookup", "--out", str(tmp_path),
@@ -327,7 +328,7 @@ def test_a_mismatch_of_our_method_exits_non_zero(tiny_app_config, tmp_path, monk
 
 def test_bad_flags_are_one_line_errors(tiny_app_config, tmp_path, capsys):
     for flags in (["--methods", "ours-turbo"], ["--categories", "poetry"], ["--repeats", "0"]):
-        code = bench.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path), *flags])
+        code = cli.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path), *flags])
         assert code == bench.EXIT_ERROR
         lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
         assert len(lines) == 1
