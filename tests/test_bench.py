@@ -332,3 +332,51 @@ def test_bad_flags_are_one_line_errors(tiny_app_config, tmp_path, capsys):
         assert code == bench.EXIT_ERROR
         lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
         assert len(lines) == 1
+
+
+# ---------------------------------------------------------------- one command, four subcommands
+
+
+def test_the_bench_is_one_command_with_four_subcommands(tmp_path, capsys):
+    """`python -m specdec_core.bench run | ceiling | cost-model | gpu-check`: each reaches its own
+    module, which rejects a bad flag in one line (exit 2) before loading anything."""
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["--help"])
+    assert ended.value.code == 0
+    assert "{run,ceiling,cost-model,gpu-check}" in capsys.readouterr().out
+    cases = {
+        ("run", "--preset", "tiny", "--methods", "warp"): "unknown methods warp",
+        ("ceiling", "--target-config", "tiny", "--acceptance", "2"): "--acceptance takes values in [0, 1]",
+        ("cost-model", "--target-config", "gpt-9", "--device", "cpu"): "unknown architecture 'gpt-9'",
+        ("gpu-check", "--tiny", "--parts", "warp"): "unknown parts warp",
+    }
+    for argv, error in cases.items():
+        assert cli.main([*argv, "--out", str(tmp_path / "out")]) == bench.EXIT_ERROR
+        assert error in capsys.readouterr().err
+    # today's spellings: no subcommand is run, --ceiling and --cost-model pick theirs
+    assert cli.main(["--preset", "tiny", "--methods", "warp", "--out", str(tmp_path)]) == bench.EXIT_ERROR
+    assert "unknown methods warp" in capsys.readouterr().err
+    assert cli.main(["--target-config", "gpt-9", "--cost-model", "--device", "cpu"]) == bench.EXIT_ERROR
+    assert "unknown architecture 'gpt-9'" in capsys.readouterr().err
+
+
+def test_python_m_bench_lists_its_subcommands():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "specdec_core.bench", "--help"], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0 and "{run,ceiling,cost-model,gpu-check}" in done.stdout
+
+
+def test_architectures_are_data_read_as_numbers():
+    """data/architectures.yaml: the published sizes, as numbers (YAML 1.1 reads `1e6` as a string)."""
+    from specdec_core.bench.architectures import ARCHITECTURES, load_architecture
+
+    qwen = load_architecture("qwen2.5-7b")
+    assert (qwen["hidden_size"], qwen["num_hidden_layers"], qwen["vocab_size"]) == (3584, 28, 152064)
+    assert qwen["rope_theta"] == 1e6 and qwen["rms_norm_eps"] == 1e-6 and qwen["tie_word_embeddings"] is False
+    numbers = [v for config in ARCHITECTURES.values() for k, v in config.items() if k != "model_type"]
+    assert all(isinstance(v, (int, float)) for v in numbers)
+    with pytest.raises(ValueError, match="unknown architecture 'gpt-9'"):
+        load_architecture("gpt-9")

@@ -3,17 +3,17 @@ its files DIR/ceiling.json, DIR/ceiling.md and DIR/ceiling.png."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .ceiling import ADAPTIVE, PARTS
+from .outputs import write_json, write_text
 
 
 def write(out: Path, result: dict) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "ceiling.json", out / "ceiling.md", out / "ceiling.png"]
-    paths[0].write_text(json.dumps(result, indent=2) + "\n")
-    paths[1].write_text(markdown(result) + "\n")
+    write_json(paths[0], result)
+    write_text(paths[1], markdown(result))
     plot(paths[2], result)
     return paths
 

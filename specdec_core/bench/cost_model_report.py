@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
+
+from .outputs import write_json, write_text
 
 
 def write(out: Path, result: dict) -> list[Path]:
     """OUT.json (the result) and OUT.md (its table); returns their paths."""
     out.parent.mkdir(parents=True, exist_ok=True)
     paths = [out.with_suffix(".json"), out.with_suffix(".md")]
-    paths[0].write_text(json.dumps(result, indent=2) + "\n")
-    paths[1].write_text(markdown_table(result) + "\n")
+    write_json(paths[0], result)
+    write_text(paths[1], markdown_table(result))
     return paths
 
 

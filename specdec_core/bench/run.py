@@ -94,7 +94,8 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     }
     runs = measure(questions, prompts, bench_methods, params, args.repeats, args.warmup_tokens, args.seed)
 
-    from .report import plot_acceptance, plot_speedup, summarize, write_json, write_markdown
+    from .outputs import write_json
+    from .report import plot_acceptance, plot_speedup, summarize, write_markdown
     from .theory_check import probe_all
 
     inform("probing step costs ...")

@@ -11,6 +11,7 @@ import torch
 
 from ..architectures import ARCHITECTURES, build_model
 from ..machine import load_average, package_versions
+from ..outputs import write_json, write_text
 from .part import Part
 
 
@@ -51,8 +52,8 @@ def _jsonable(value):
 
 
 def write(out: Path, report: dict) -> None:
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "gpu_check.md").write_text(markdown(report) + "\n")
+    write_json(out / "gpu_check.json", report)
+    write_text(out / "gpu_check.md", markdown(report))
 
 
 def markdown(report: dict) -> str:

@@ -13,6 +13,7 @@ from ..ceiling_report import markdown as ceiling_markdown
 from ..cost_model import run_cost_model
 from ..cost_model_report import markdown_table
 from ..machine import free_memory
+from ..outputs import write_text
 from .fixtures import build, cudagraph_skips
 from .part import Part, Scale
 
@@ -37,7 +38,7 @@ def part_fast_path(scale: Scale, part: Part, shared: dict, out: Path) -> str | N
     compiled = result["modes"]["compiled"]
     part.data["cost_model"] = result
     part.data["cost_model_table"] = markdown_table(result)
-    (out / "cost_model.md").write_text(part.data["cost_model_table"] + "\n")
+    write_text(out / "cost_model.md", part.data["cost_model_table"])
     part.check("target and draft steps compiled", not any(compiled["fallback"].values()),
                f"compile ({scale.backend}): target {runners['target'].warmup_s:.1f} s, draft "
                f"{runners['draft'].warmup_s:.1f} s (step sizes {runners['target'].step_sizes} and "
@@ -68,7 +69,7 @@ def part_eagle_cost(scale: Scale, part: Part, shared: dict, out: Path) -> str | 
                             progress=False, bandwidth_gbs=None if cuda else 10.0, eagle=True)
     part.data["cost_model"] = result
     table = markdown_table(result)
-    (out / "cost_model_eagle.md").write_text(table + "\n")
+    write_text(out / "cost_model_eagle.md", table)
     head = result["eagle"]
     mode = modes[-1]
     part.check(f"EAGLE-3 head's c over the {mode} target", True,
@@ -93,7 +94,7 @@ def part_ceiling(scale: Scale, part: Part, shared: dict, out: Path) -> str | Non
         result = ceiling.run_ceiling(subject, acceptances=scale.ceiling_acceptances, draft_lengths=(4,), adaptive=True,
                                      draft_cost=c, max_new_tokens=scale.ceiling_tokens, progress=False)
         results[label] = result
-        (out / f"ceiling_{'free' if c == 0 else 'c'}.md").write_text(ceiling_markdown(result) + "\n")
+        write_text(out / f"ceiling_{'free' if c == 0 else 'c'}.md", ceiling_markdown(result))
     part.data["ceiling"] = results
     at = min(scale.ceiling_acceptances, key=lambda a: abs(a - 0.8))
     best = max((r for r in results["draft model's c"]["results"] if r["acceptance"] == at), key=lambda r: r["speedup"])
