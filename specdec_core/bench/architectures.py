@@ -50,6 +50,15 @@ def build_model(config: dict, dtype: torch.dtype, device: torch.device):
     return model.eval()
 
 
+def random_model(name_or_path: str, dtype: torch.dtype, device: torch.device | str, seed: int = 0):
+    """build_model of a named architecture (or a config.json), seeded, generating to the full
+    length asked for: random weights would end a reply at a random EOS."""
+    torch.manual_seed(seed)
+    model = build_model(load_architecture(name_or_path), dtype, torch.device(device))
+    model.generation_config.eos_token_id = None
+    return model
+
+
 def random_tokens(vocab: int, count: int, seed: int = 1234) -> list[int]:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (count,), generator=generator).tolist()

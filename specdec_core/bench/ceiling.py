@@ -32,7 +32,7 @@ from ..engine import SpeculativeEngine
 from ..runner import CachedModel
 from ..sampling import SamplingParams
 from ..theory import expected_tokens, leviathan_speedup
-from .architectures import NumberTokenizer, build_model, load_architecture
+from .architectures import NumberTokenizer, random_model
 from .cost_model import time_steps
 from .machine import device_name, load_average, synchronizer, versions
 from .synthetic import COST_MODES, SyntheticDrafter
@@ -96,9 +96,7 @@ def subject_from_architecture(
     from ..static_runner import StaticSteps
 
     device = torch.device(device)
-    torch.manual_seed(seed)
-    target = build_model(load_architecture(name), dtype, device)
-    target.generation_config.eos_token_id = None  # random weights: run every reply to its length
+    target = random_model(name, dtype, device, seed)
     generator = torch.Generator().manual_seed(seed + 1)
     vocab = target.config.vocab_size
     ids = [torch.randint(0, vocab, (prompt_tokens,), generator=generator).tolist() for _ in range(prompts)]

@@ -93,7 +93,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _device(text: str) -> torch.device:
     """A --device value: auto is cuda where there is one, else cpu."""
-    return torch.device(text if text != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        return torch.device(text if text != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:  # torch's word for a malformed device string
+        raise ValueError(f"--device takes auto, cpu, cuda or cuda:N, got {text!r}") from None
 
 
 def _set_threads(threads: int | None) -> None:

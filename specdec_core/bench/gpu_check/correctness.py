@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 from ...runner import CachedModel
+from ..architectures import random_model
 from ..machine import free_memory
-from .fixtures import (build, eagle_drafter_missing, every_drafter, greedy, hf_greedy, make_engine,
+from .fixtures import (eagle_drafter_missing, every_drafter, greedy, hf_greedy, make_engine,
                        random_prompts, shallow_copy, tf32_off)
 from .part import Part, Scale
 
@@ -20,7 +21,7 @@ def part_correctness(scale: Scale, part: Part, shared: dict, out: Path) -> str |
     from ...static_runner import DRAFT_STEP_SIZES, StaticSteps
 
     with tf32_off():
-        target = build(scale.target, torch.float32, scale.device, seed=0)
+        target = random_model(scale.target, torch.float32, scale.device, seed=0)
         draft = shallow_copy(target, scale.draft_layers)
         prompts = random_prompts(target.config.vocab_size, scale.prompts, scale.prompt_tokens)
         n = scale.new_tokens

@@ -10,17 +10,7 @@ import torch
 from ...engine import SpeculativeEngine
 from ...runner import CachedModel
 from ...sampling import SamplingParams
-from ..architectures import NumberTokenizer, build_model, load_architecture
-
-
-def build(name: str, dtype: torch.dtype, device: str, seed: int, layers: int | None = None):
-    config = load_architecture(name)
-    if layers is not None:
-        config["num_hidden_layers"] = layers
-    torch.manual_seed(seed)
-    model = build_model(config, dtype, torch.device(device))
-    model.generation_config.eos_token_id = None  # random weights: run every reply to its length
-    return model
+from ..architectures import NumberTokenizer
 
 
 def shallow_copy(target, layers: int):

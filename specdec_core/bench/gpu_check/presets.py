@@ -10,7 +10,8 @@ import torch
 import yaml
 
 from ...sampling import SamplingParams
-from .fixtures import build, shallow_copy
+from ..architectures import random_model
+from .fixtures import shallow_copy
 from .part import Part, Scale
 
 
@@ -40,7 +41,7 @@ def write_presets(scale: Scale, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     cuda = scale.device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
-    target = build(scale.loading_target, dtype, "cpu", seed=3)
+    target = random_model(scale.loading_target, dtype, "cpu", seed=3)
     draft = shallow_copy(target, 1)
     tokenizer = word_tokenizer(target.config.vocab_size)
     for name, model in (("target", target), ("draft", draft)):

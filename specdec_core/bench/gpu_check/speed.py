@@ -8,21 +8,21 @@ from pathlib import Path
 import torch
 
 from .. import ceiling
-from ..architectures import NumberTokenizer
+from ..architectures import NumberTokenizer, random_model
 from ..ceiling_report import markdown as ceiling_markdown
 from ..cost_model import run_cost_model
 from ..cost_model_report import markdown_table
 from ..machine import free_memory
 from ..outputs import write_text
-from .fixtures import build, cudagraph_skips
+from .fixtures import cudagraph_skips
 from .part import Part, Scale
 
 
 def part_fast_path(scale: Scale, part: Part, shared: dict, out: Path) -> str | None:
     """bf16 compiled: compile time, CUDA graphs, the cost model's table."""
     dtype = torch.bfloat16
-    models = {"target": build(scale.target, dtype, scale.device, seed=0),
-              "draft": build(scale.draft, dtype, scale.device, seed=1)}
+    models = {"target": random_model(scale.target, dtype, scale.device, seed=0),
+              "draft": random_model(scale.draft, dtype, scale.device, seed=1)}
     runners: dict = {}
     if scale.backend != "inductor":  # the app's steps, traced only (see Scale.backend)
         from ...static_runner import DEFAULT_STEP_SIZES, DRAFT_STEP_SIZES, StaticSteps
