@@ -12,7 +12,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   -d .whl "transformers==5.24.0" "regex==2025.11.3"
 probe="${1:-../shared/tools/gpu_first_run_checks.py}"
 if [ -f "$probe" ]; then
-  # It was written before the cost model moved into the bench folder.
-  sed 's/from specdec_core.cost_model import/from specdec_core.bench.cost_model import/' "$probe" > .probe/gpu_first_run_checks.py
+  # It was written when the architectures and build_model lived in specdec_core/cost_model.py.
+  sed 's/from specdec_core.cost_model import/from specdec_core.bench.architectures import/' "$probe" > .probe/gpu_first_run_checks.py
 fi
 ls -la .whl .probe

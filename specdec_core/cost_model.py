@@ -1,9 +1,14 @@
-"""Entry point: `python -m specdec_core.cost_model ...` runs the bench wing's cost model
-(specdec_core/bench/cost_model.py), as it did before the benchmark had its own folder."""
+"""Entry point: `python -m specdec_core.cost_model ...` is the bench's `cost-model`
+(specdec_core/bench/cost_model.py), as it was before the benchmark had its own folder."""
 
 import sys
 
-from .bench.cost_model import main
+from .bench.cli import command_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command_main("cost-model", argv, prog="python -m specdec_core.cost_model")
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from specdec_core.bench import cli
 from specdec_core.bench import run as bench
 from specdec_core.bench.methods import LLAMACPP, METHODS, RoundCounts, Run, available_methods, rounds_from_trace, timed_run
 from specdec_core.bench.questions import DEFAULT_QUESTIONS, FAMILIES, MT_BENCH_CATEGORIES, load_questions
@@ -155,7 +156,7 @@ def test_unknown_category_and_bad_file_are_one_line_errors(tmp_path):
 def tiny_run(tiny_app_config, tmp_path_factory):
     """`python -m specdec_core.bench` on the tiny preset: 2 questions, 8 tokens, every method."""
     out = tmp_path_factory.mktemp("bench")
-    code = bench.main([
+    code = cli.main([
         "--preset", "tiny", "--config", str(tiny_app_config), "--categories", "translation,rag",
         "--limit", "1", "--max-new-tokens", "8", "--repeats", "1", "--warmup-tokens", "2", "--out", str(out),
     ])
@@ -223,7 +224,7 @@ def test_llamacpp_is_a_method_only_where_llama_cpp_is_importable(tiny_app_config
         assert "llamacpp" not in available_methods()
         problem = bench_methods.llamacpp_problem()
         assert "\n" not in problem and "pip install llama-cpp-python" in problem
-        code = bench.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path),
+        code = cli.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path),
                            "--methods", "ours-baseline,llamacpp"])
         assert code == bench.EXIT_ERROR
         errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
@@ -234,7 +235,7 @@ def test_llamacpp_is_a_method_only_where_llama_cpp_is_importable(tiny_app_config
     assert bench_methods.llamacpp_problem() is None and available_methods() == METHODS
     # the default methods leave it out, with one line, for a target that is not a GGUF file
     capsys.readouterr()
-    code = bench.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path),
+    code = cli.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path),
                        "--categories", "qa", "--limit", "1", "--max-new-tokens", "4", "--repeats", "1",
                        "--warmup-tokens", "0"])
     assert code == 0
@@ -315,7 +316,7 @@ def test_a_mismatch_of_our_method_exits_non_zero(tiny_app_config, tmp_path, monk
         return tokens[:-1] + [tokens[-1] + 1] if self.name == "ours-lookup" else tokens
 
     monkeypatch.setattr(bench_methods.OursMethod, "generate", corrupted)
-    code = bench.main([
+    code = cli.main([
         "--preset", "tiny", "--config", str(tiny_app_config), "--categories", "qa", "--limit", "1",
         "--max-new-tokens", "4", "--repeats", "1", "--warmup-tokens", "0",
         "--methods", "ours-baseline,ours-lookup", "--out", str(tmp_path),
@@ -327,7 +328,55 @@ def test_a_mismatch_of_our_method_exits_non_zero(tiny_app_config, tmp_path, monk
 
 def test_bad_flags_are_one_line_errors(tiny_app_config, tmp_path, capsys):
     for flags in (["--methods", "ours-turbo"], ["--categories", "poetry"], ["--repeats", "0"]):
-        code = bench.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path), *flags])
+        code = cli.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path), *flags])
         assert code == bench.EXIT_ERROR
         lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
         assert len(lines) == 1
+
+
+# ---------------------------------------------------------------- one command, four subcommands
+
+
+def test_the_bench_is_one_command_with_four_subcommands(tmp_path, capsys):
+    """`python -m specdec_core.bench run | ceiling | cost-model | gpu-check`: each reaches its own
+    module, which rejects a bad flag in one line (exit 2) before loading anything."""
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["--help"])
+    assert ended.value.code == 0
+    assert "{run,ceiling,cost-model,gpu-check}" in capsys.readouterr().out
+    cases = {
+        ("run", "--preset", "tiny", "--methods", "warp"): "unknown methods warp",
+        ("ceiling", "--target-config", "tiny", "--acceptance", "2"): "--acceptance takes values in [0, 1]",
+        ("cost-model", "--target-config", "gpt-9", "--device", "cpu"): "unknown architecture 'gpt-9'",
+        ("gpu-check", "--tiny", "--parts", "warp"): "unknown parts warp",
+    }
+    for argv, error in cases.items():
+        assert cli.main([*argv, "--out", str(tmp_path / "out")]) == bench.EXIT_ERROR
+        assert error in capsys.readouterr().err
+    # today's spellings: no subcommand is run, --ceiling and --cost-model pick theirs
+    assert cli.main(["--preset", "tiny", "--methods", "warp", "--out", str(tmp_path)]) == bench.EXIT_ERROR
+    assert "unknown methods warp" in capsys.readouterr().err
+    assert cli.main(["--target-config", "gpt-9", "--cost-model", "--device", "cpu"]) == bench.EXIT_ERROR
+    assert "unknown architecture 'gpt-9'" in capsys.readouterr().err
+
+
+def test_python_m_bench_lists_its_subcommands():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "specdec_core.bench", "--help"], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0 and "{run,ceiling,cost-model,gpu-check}" in done.stdout
+
+
+def test_architectures_are_data_read_as_numbers():
+    """data/architectures.yaml: the published sizes, as numbers (YAML 1.1 reads `1e6` as a string)."""
+    from specdec_core.bench.architectures import ARCHITECTURES, load_architecture
+
+    qwen = load_architecture("qwen2.5-7b")
+    assert (qwen["hidden_size"], qwen["num_hidden_layers"], qwen["vocab_size"]) == (3584, 28, 152064)
+    assert qwen["rope_theta"] == 1e6 and qwen["rms_norm_eps"] == 1e-6 and qwen["tie_word_embeddings"] is False
+    numbers = [v for config in ARCHITECTURES.values() for k, v in config.items() if k != "model_type"]
+    assert all(isinstance(v, (int, float)) for v in numbers)
+    with pytest.raises(ValueError, match="unknown architecture 'gpt-9'"):
+        load_architecture("gpt-9")

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from specdec_core.bench import ceiling
+from specdec_core.bench import ceiling, ceiling_report
 from specdec_core.bench.synthetic import SyntheticDrafter
 from specdec_core.engine import SpeculativeEngine
 from specdec_core.sampling import SamplingParams
@@ -102,7 +102,7 @@ def test_ceiling_run_reports_every_setting_with_its_prediction(tmp_path):
             row["speedup"] / row["predicted_at_measured_acceptance"], rel=0.02)
     assert full["predicted_at_measured_acceptance"] == pytest.approx(full["predicted_speedup"], rel=0.02)
     assert set(result["costs"]["v"]) == {str(g) for g in range(1, 9)}
-    paths = ceiling.write(tmp_path, result)
+    paths = ceiling_report.write(tmp_path, result)
     assert [p.name for p in paths] == ["ceiling.json", "ceiling.md", "ceiling.png"]
     assert json.loads(paths[0].read_text())["results"]
     text = paths[1].read_text()
@@ -111,7 +111,7 @@ def test_ceiling_run_reports_every_setting_with_its_prediction(tmp_path):
 
 
 def test_the_ceiling_command_line(tmp_path, capsys):
-    from specdec_core.bench.run import main
+    from specdec_core.bench.cli import main
 
     argv = ["--ceiling", "--target-config", "tiny", "--device", "cpu", "--prompts", "1", "--prompt-tokens", "8",
             "--max-new-tokens", "10", "--acceptance", "0.8", "--draft-lengths", "2", "--out", str(tmp_path)]

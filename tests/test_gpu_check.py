@@ -1,5 +1,5 @@
-"""`python -m specdec_core.gpu_check --tiny`: every part of the GPU check, on the CPU with tiny
-configs, so the command a lent GPU machine runs never rots."""
+"""`python -m specdec_core.gpu_check --tiny` (the bench's `gpu-check`): every part of the GPU check,
+on the CPU with tiny configs, so the command a lent GPU machine runs never rots."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from specdec_core.bench import gpu_check
+from specdec_core import gpu_check as gpu_check_command
+from specdec_core.bench import cli, gpu_check
 
 
 def test_the_tiny_check_runs_every_part_and_writes_its_report(tmp_path):
-    assert gpu_check.main(["--tiny", "--out", str(tmp_path)]) == 0
+    assert gpu_check_command.main(["--tiny", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     parts = {p["name"]: p for p in report["parts"]}
     assert list(parts) == list(gpu_check.PARTS)
@@ -45,7 +46,7 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path, monkeypatc
     monkeypatch.setitem(gpu_check.PART_FUNCTIONS, "correctness", broken)
     monkeypatch.setitem(gpu_check.PART_FUNCTIONS, "loading", missing)
     monkeypatch.setitem(gpu_check.PART_FUNCTIONS, "app", fine)
-    assert gpu_check.main(["--tiny", "--parts", "correctness,loading,app", "--out", str(tmp_path)]) == 1
+    assert cli.main(["gpu-check", "--tiny", "--parts", "correctness,loading,app", "--out", str(tmp_path)]) == 1
     parts = {p["name"]: p for p in json.loads((tmp_path / "gpu_check.json").read_text())["parts"]}
     assert parts["correctness"]["status"] == gpu_check.FAIL and "no kernel image" in parts["correctness"]["reason"]
     assert "RuntimeError" in parts["correctness"]["data"]["traceback"]
@@ -54,7 +55,7 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path, monkeypatc
 
 
 def test_bad_arguments_exit_2(tmp_path, capsys):
-    assert gpu_check.main(["--tiny", "--parts", "warp", "--out", str(tmp_path)]) == 2
+    assert gpu_check_command.main(["--tiny", "--parts", "warp", "--out", str(tmp_path)]) == 2
     assert "unknown parts warp" in capsys.readouterr().err
 
 

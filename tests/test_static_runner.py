@@ -11,7 +11,8 @@ import torch
 
 from specdec_core import ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
 from specdec_core import theory
-from specdec_core.bench import cost_model
+from specdec_core import cost_model as cost_model_command
+from specdec_core.bench import architectures, cli, cost_model, cost_model_report
 from specdec_core.decoding.eager import CachedModel
 from specdec_core.decoding.static import (
     COMPILED_STATIC,
@@ -245,7 +246,7 @@ def test_cost_model_command_on_tiny_configs(tmp_path, capsys):
     out = tmp_path / "cm"
     argv = ["--cost-model", "--target-config", "tiny", "--draft-config", "tiny-draft", "--device", "cpu",
             "--context", "8", "--max-k", "3", "--repeats", "2", "--modes", "eager", "--out", str(out)]
-    assert cost_model.main(argv) == 0
+    assert cli.main(argv) == 0
     result = json.loads(out.with_suffix(".json").read_text())
     eager = result["modes"]["eager"]
     assert list(eager["verify_ms"]) == ["1", "2", "3"]
@@ -275,11 +276,11 @@ def test_cost_model_compiled_column_reports_a_fallback(monkeypatch):
     compiled = result["modes"]["compiled"]
     assert compiled["target_path"] == EAGER_DYNAMIC
     assert "not available" in compiled["fallback"]["target"]
-    assert "fell back to eager" in cost_model.markdown_table(result)
+    assert "fell back to eager" in cost_model_report.markdown_table(result)
 
 
 def test_cost_model_rejects_an_unknown_architecture(capsys):
-    assert cost_model.main(["--target-config", "gpt-9", "--device", "cpu"]) == 2
+    assert cost_model_command.main(["--target-config", "gpt-9", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: unknown architecture 'gpt-9'") and err.count("\n") == 1
 
@@ -371,6 +372,6 @@ def test_cost_model_times_an_eagle_head_of_the_targets_shape(tmp_path):
     assert head["step_ms"] > 0 and head["parameters"] > 0 and len(head["layer_ids"]) == 3
     assert head["modes"]["eager"]["c"] == pytest.approx(head["step_ms"] / result["modes"]["eager"]["target_step_ms"],
                                                         rel=1e-2)
-    table = cost_model.markdown_table(result)
+    table = cost_model_report.markdown_table(result)
     assert "| c of the EAGLE-3 head |" in table and "EAGLE-3: predicted speedup at acceptance 0.8" in table
-    assert "llama-3.1-8b" in cost_model.ARCHITECTURES and "llama-3.2-1b" in cost_model.ARCHITECTURES
+    assert "llama-3.1-8b" in architectures.ARCHITECTURES and "llama-3.2-1b" in architectures.ARCHITECTURES

@@ -1,7 +1,7 @@
-"""`python -m specdec_core.bench ...`: see run.py."""
+"""`python -m specdec_core.bench [run | ceiling | cost-model | gpu-check] ...`: see cli.py."""
 
 import sys
 
-from .run import main
+from .cli import main
 
 sys.exit(main())

@@ -1,7 +1,8 @@
 """The engine's ceiling: speedup at controlled acceptance, against Leviathan et al.'s prediction.
 
-    python -m specdec_core.bench --ceiling --preset smollm2-135m-local --prompts 4 --max-new-tokens 128
-    python -m specdec_core.bench --ceiling --target-config qwen2.5-7b --device cuda --compile
+    python -m specdec_core.bench ceiling --preset smollm2-135m-local --prompts 4 --max-new-tokens 128
+    python -m specdec_core.bench ceiling --target-config qwen2.5-7b --device cuda --compile
+    (today's spelling, `python -m specdec_core.bench --ceiling ...`, works too)
 
 A SyntheticDrafter (synthetic.py) proposes each token of the target's own greedy reply right
 with probability a. For each a, each fixed draft length k and the adaptive policy, the engine
@@ -13,31 +14,27 @@ use) and c measured from the drafter's time; for the adaptive engine it is the b
 Efficiency = measured / predicted. Where the rounds' time goes is measured, too: drafting,
 target forwards, acceptance, rollback (cache crops), and the rest (the engine's Python).
 
-Writes DIR/ceiling.json, DIR/ceiling.md and DIR/ceiling.png (speedup against a).
+The command (cli.py) writes DIR/ceiling.json, DIR/ceiling.md and DIR/ceiling.png (speedup
+against a; ceiling_report.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import shlex
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from ..cli import inform, run_guarded
 from ..engine import SpeculativeEngine
-from ..presets.config import CPU_WEIGHTS
 from ..decoding.eager import CachedModel
 from ..sampling import SamplingParams
 from ..theory import expected_tokens, leviathan_speedup
-from .cost_model import build_model, load_architecture, time_steps
-from .machine import load_average
+from .architectures import NumberTokenizer, random_model
+from .cost_model import time_steps
+from .machine import device_name, load_average, synchronizer, versions
 from .synthetic import COST_MODES, SyntheticDrafter
 
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -57,15 +54,6 @@ class Subject:
     prompts: list[list[int]]
     make_runner: Callable = CachedModel
     description: dict = field(default_factory=dict)
-
-
-class _IdTokenizer:
-    """Enough of a tokenizer for random-weight models: ids decode to numbers, no EOS."""
-
-    eos_token_id = None
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return "".join(f" {int(i)}" for i in ids)
 
 
 def subject_from_preset(name: str, config_path=None, compile: bool | str | None = None, prompts: int = 4,
@@ -108,9 +96,7 @@ def subject_from_architecture(
     from ..decoding.static import StaticSteps
 
     device = torch.device(device)
-    torch.manual_seed(seed)
-    target = build_model(load_architecture(name), dtype, device)
-    target.generation_config.eos_token_id = None  # random weights: run every reply to its length
+    target = random_model(name, dtype, device, seed)
     generator = torch.Generator().manual_seed(seed + 1)
     vocab = target.config.vocab_size
     ids = [torch.randint(0, vocab, (prompt_tokens,), generator=generator).tolist() for _ in range(prompts)]
@@ -127,7 +113,7 @@ def subject_from_architecture(
         "prompt_tokens": prompt_tokens,
         "weights": "random (step costs depend on the shapes only)",
     }
-    return Subject(target, _IdTokenizer(), ids, make_runner, description)
+    return Subject(target, NumberTokenizer(), ids, make_runner, description)
 
 
 # ---------------------------------------------------------------- timing a round's parts
@@ -137,7 +123,7 @@ class _RoundClock:
     """Seconds spent in the target runner during one generation: prefill, forwards, crops."""
 
     def __init__(self, device: torch.device) -> None:
-        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self._sync = synchronizer(device)
         self.reset()
 
     def reset(self) -> None:
@@ -270,8 +256,8 @@ def run_ceiling(
     result = {
         "subject": subject.description,
         "machine": {"load_before": load_before, "load_after": load_average(), "torch_threads": torch.get_num_threads(),
-                    "device": _device_name(device)},
-        "versions": _versions(),
+                    "device": device_name(device)},
+        "versions": versions(),
         "settings": {"acceptances": list(acceptances), "draft_lengths": list(draft_lengths), "adaptive": adaptive,
                      "draft_cost_c": draft_cost, "cost_mode": cost_mode, "prompts": len(subject.prompts),
                      "prompt_tokens": [len(p) for p in subject.prompts], "max_new_tokens": max_new_tokens,
@@ -381,21 +367,7 @@ def _spread(questions: list, count: int) -> list:
     return questions[::step][:count]
 
 
-def _device_name(device: torch.device) -> str:
-    from .cost_model import _device_name as name
-
-    return name(device)
-
-
-def _versions() -> dict:
-    import platform
-
-    import transformers
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-# ---------------------------------------------------------------- the report
+# ---------------------------------------------------------------- the prediction
 
 
 def _prediction(setting: str, a: float, c: float, v: dict[int, float]) -> tuple[int, float]:
@@ -404,176 +376,3 @@ def _prediction(setting: str, a: float, c: float, v: dict[int, float]) -> tuple[
         return max(((g, leviathan_speedup(a, g, c, v[g])) for g in sorted(v)), key=lambda t: t[1])
     g = int(setting.removeprefix("k="))
     return g, leviathan_speedup(a, g, c, v[min(g, max(v))])
-
-
-def _number(value, spec: str, unit: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{unit}"
-
-
-def markdown(result: dict) -> str:
-    """The result as markdown: the settings, then one row per (a, setting), then where the time goes."""
-    s, subject, costs = result["settings"], result["subject"], result["costs"]
-    what = subject.get("preset") or subject.get("architecture")
-    machine = result["machine"]
-    lines = [
-        f"Ceiling run on {machine['device']}: {what} ({subject.get('dtype')}, {subject.get('decode_path')}), "
-        f"{s['prompts']} prompts of {min(s['prompt_tokens'])}-{max(s['prompt_tokens'])} tokens, "
-        f"{s['max_new_tokens']} new tokens, {s['repeats']} timed run(s) each, greedy; synthetic drafter at "
-        f"c = {s['draft_cost_c']:g} ({s['cost_mode'] if s['draft_cost_c'] else 'free'}); torch threads "
-        f"{machine['torch_threads']}, load average {machine['load_before']} before, {machine['load_after']} after; "
-        f"{s['elapsed_s']:.0f} s. torch {result['versions']['torch']}, transformers {result['versions']['transformers']}.",
-        "",
-        f"Probed through the engine's runner ({costs['runner']}) at {costs['context_tokens']} tokens of context: "
-        f"target step {costs['target_step_ms']:.2f} ms; v (verify over 1 + g tokens / step): "
-        + ", ".join(f"g={g} {v:.2f}" for g, v in costs["v"].items()) + ".",
-        f"ours-baseline: {result['baseline']['tokens_per_second']} tokens/s of decoding. Every run gave ours-baseline's "
-        f"tokens: {'yes' if result['identical'] else 'NO'}.",
-        "",
-        "Efficiency = speedup / predicted at a. The drafter's draws are random, so the acceptance it realised "
-        "strays from a; the last columns predict at that realised rate, leaving the draws' luck out.",
-        "",
-        "| a | setting | tokens / target forward | tokens/s | speedup | predicted | efficiency | mean k | c "
-        "| realised a | predicted at it | efficiency at it |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result["results"]:
-        predicted = f"{r['predicted_speedup']:.2f}x" + (f" (g={r['predicted_g']})" if r["setting"] == ADAPTIVE else "")
-        realised = r.get("predicted_at_measured_acceptance")
-        lines.append(
-            f"| {r['acceptance']:g} | {r['setting']} | {r['tokens_per_target_forward']:.2f} | {r['tokens_per_second']:.1f} "
-            f"| {r['speedup']:.2f}x | {predicted} | {r['efficiency']:.2f} | {r['mean_draft_length']:.1f} | {r['c']:.3f} "
-            f"| {_number(r['measured_acceptance'], '.3f')} | {_number(realised, '.2f', 'x')} "
-            f"| {_number(r.get('efficiency_at_measured_acceptance'), '.2f')} |"
-        )
-    focus = min({r["acceptance"] for r in result["results"]}, key=lambda a: abs(a - 0.8))
-    lines += [
-        "",
-        f"Where a round's time goes at a = {focus:g} (ms per target forward; acceptance is the engine's accept "
-        "step after the forward, other is the rest of the round loop: policy, stats, events, detokenizing):",
-        "",
-        "| setting | " + " | ".join(PARTS) + " | total |",
-        "|---|" + "---|" * (len(PARTS) + 1),
-    ]
-    rows = [("ours-baseline", result["baseline"]["ms_per_round"])]
-    rows += [(r["setting"], r["ms_per_round"]) for r in result["results"] if r["acceptance"] == focus]
-    for name, parts in rows:
-        lines.append(f"| {name} | " + " | ".join(f"{parts[p]:.2f}" for p in PARTS) + f" | {sum(parts.values()):.2f} |")
-    return "\n".join(lines)
-
-
-def plot(path: Path, result: dict) -> None:
-    """Speedup against a: measured (solid, dots) and predicted (dashed), one colour per setting."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    settings = list(dict.fromkeys(r["setting"] for r in result["results"]))
-    for i, setting in enumerate(settings):
-        rows = sorted((r for r in result["results"] if r["setting"] == setting), key=lambda r: r["acceptance"])
-        xs = [r["acceptance"] for r in rows]
-        colour = f"C{i}"
-        ax.plot(xs, [r["speedup"] for r in rows], "o-", color=colour, label=f"{setting} measured")
-        ax.plot(xs, [r["predicted_speedup"] for r in rows], "--", color=colour, alpha=0.7, label=f"{setting} predicted")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("acceptance a (synthetic drafter)")
-    ax.set_ylabel("speedup over ours-baseline (decoding)")
-    subject = result["subject"]
-    ax.set_title(f"{subject.get('preset') or subject.get('architecture')} on {result['machine']['device']}, "
-                 f"c = {result['settings']['draft_cost_c']:g}", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write(out: Path, result: dict) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "ceiling.json", out / "ceiling.md", out / "ceiling.png"]
-    paths[0].write_text(json.dumps(result, indent=2) + "\n")
-    paths[1].write_text(markdown(result) + "\n")
-    plot(paths[2], result)
-    return paths
-
-
-# ---------------------------------------------------------------- the command line
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--ceiling"]
-    args = _parser().parse_args(argv)
-    return run_guarded(lambda: _run(args, "python -m specdec_core.bench --ceiling " + shlex.join(argv)))
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m specdec_core.bench --ceiling", description=__doc__.splitlines()[0])
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--preset", help="a preset's target (default: smollm2-135m-local)")
-    which.add_argument("--target-config", help="a random-weight target: an architecture of the cost model "
-                       "(qwen2.5-7b, qwen2.5-0.5b, smollm2-135m, tiny, ...) or a config.json")
-    p.add_argument("--config", help="a models.yaml of your own (with --preset)")
-    p.add_argument("--cpu-weights", choices=CPU_WEIGHTS,
-                   help="with --preset on CPU: fp32 | gguf (default: the preset's cpu_weights)")
-    p.add_argument("--device", default="auto", help="with --target-config: auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="with --target-config: auto is bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="decode through compiled static-cache steps (default: the preset's setting; "
-                        "with --target-config, on with CUDA)")
-    p.add_argument("--acceptance", default=",".join(f"{a:g}" for a in ACCEPTANCES), help="comma-separated a values")
-    p.add_argument("--draft-lengths", default=",".join(map(str, DRAFT_LENGTHS)), help="fixed k values, comma-separated")
-    p.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive policy")
-    p.add_argument("--draft-cost", type=float, default=0.0, help="c: the drafter's cost per token as a share of a "
-                   "measured target step (default 0: free)")
-    p.add_argument("--draft-cost-mode", default="sleep", choices=COST_MODES)
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--prompt-tokens", type=int, default=128, help="with --target-config: random prompt length")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and setting")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="bench_out", help="output folder (ceiling.json, ceiling.md, ceiling.png)")
-    return p
-
-
-def _run(args: argparse.Namespace, command: str) -> int:
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    if args.target_config:
-        from .cost_model import _dtype
-
-        device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-        compile = device.type == "cuda" if args.compile is None else args.compile
-        subject = subject_from_architecture(
-            args.target_config, device=device, dtype=_dtype(args.dtype, device), compile=compile,
-            prompts=args.prompts, prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens, seed=args.seed,
-        )
-    else:
-        subject = subject_from_preset(args.preset or "smollm2-135m-local", args.config, args.compile, args.prompts,
-                                      args.cpu_weights)
-    result = run_ceiling(
-        subject,
-        acceptances=_numbers(args.acceptance, float),
-        draft_lengths=_numbers(args.draft_lengths, int),
-        adaptive=not args.no_adaptive,
-        draft_cost=args.draft_cost,
-        cost_mode=args.draft_cost_mode,
-        max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats,
-        seed=args.seed,
-    )
-    result["command"] = command
-    paths = write(Path(args.out), result)
-    print(markdown(result))
-    inform(f"wrote {', '.join(str(p) for p in paths)}")
-    return 0 if result["identical"] else 1
-
-
-def _numbers(text: str, kind: type) -> list:
-    try:
-        return [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None

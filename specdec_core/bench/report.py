@@ -3,7 +3,6 @@ files (results.json, results.md, speedup.png, acceptance.png). No timing happens
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -179,10 +178,6 @@ def _worst(values: dict) -> tuple[str, float] | None:
 
 
 # ---------------------------------------------------------------- files
-
-
-def write_json(path: Path, report: dict) -> None:
-    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def write_markdown(path: Path, report: dict) -> None:

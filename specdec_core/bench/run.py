@@ -1,6 +1,6 @@
 """Benchmark: our engine against Hugging Face generate, assisted generation and prompt lookup.
 
-    python -m specdec_core.bench --preset NAME [--config PATH] [--questions PATH]
+    python -m specdec_core.bench [run] --preset NAME [--config PATH] [--questions PATH]
         [--categories a,b] [--limit N] [--max-new-tokens N] [--repeats N]
         [--methods ours-baseline,ours-model,ours-lookup,ours-eagle,ours-hybrid,hf-generate,hf-assisted,hf-lookup]
         [--temperature T] [--out DIR]
@@ -11,7 +11,7 @@ drift hits all alike); each question is warmed up once per method, then the medi
 --repeats timed runs is kept. Greedy runs check that every method's output equals
 ours-baseline's: a mismatch of one of our methods is a bug and the command exits with 1 (after
 writing the results); a mismatch of a Hugging Face method is reported only. Bad flags, presets
-or files exit with 2 and a one-line error.
+or files exit with 2 and a one-line error. The flags are read in cli.py.
 
 Outputs in DIR: results.json, results.md, speedup.png, acceptance.png.
 """
@@ -20,12 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.metadata
-import os
-import platform
-import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,55 +36,14 @@ from .methods import (
     make_methods,
     timed_run,
 )
-from ..presets.config import CPU_WEIGHTS, GGUF_KINDS
+from ..presets.config import GGUF_KINDS
 from .questions import DEFAULT_QUESTIONS, Question, load_questions
-from ..cli import EXIT_ERROR, inform, run_guarded  # noqa: F401  (EXIT_ERROR: an exit code)
-from .machine import bandwidth_ceiling, gguf_bytes_per_step, load_average
+from ..cli import EXIT_ERROR, inform  # noqa: F401  (EXIT_ERROR: an exit code)
+from .machine import bandwidth_ceiling, gguf_bytes_per_step, load_average, machine, model_device, versions
 
 EXIT_MISMATCH = 1
 DEFAULT_OUT = "bench_out"  # git-ignored
 MAX_PROBED_DRAFT = 20  # verify steps are probed for draft lengths up to this
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "--cost-model" in argv:  # per-step costs of random-weight models: no preset needed
-        from . import cost_model
-
-        return cost_model.main(argv)
-    if "--ceiling" in argv:  # the engine at controlled acceptance (synthetic drafter): see ceiling.py
-        from . import ceiling
-
-        return ceiling.main(argv)
-    args = _parser().parse_args(argv)
-    return run_guarded(lambda: run(args, command="python -m specdec_core.bench " + shlex.join(argv)))
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m specdec_core.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--preset", required=True, help="preset name from models.yaml (or auto)")
-    p.add_argument("--config", help="a models.yaml of your own (default: the repo's)")
-    p.add_argument("--questions", help="Spec-Bench JSONL (default: the project's own small set)")
-    p.add_argument("--categories", help="comma-separated families (mt_bench, translation, summarization, qa, "
-                   "math_reasoning, rag) or raw categories; default: all")
-    p.add_argument("--limit", type=int, help="at most N questions per family")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per question and method (median kept)")
-    p.add_argument("--methods", help=f"comma-separated, from {','.join(METHODS)} (default: all of them; "
-                   f"{LLAMACPP} only where llama-cpp-python is installed, ours-eagle and ours-hybrid only "
-                   "when the preset's EAGLE head loads)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    p.add_argument("--seed", type=int, default=0, help="base seed of Hugging Face's sampling runs (temperature > 0); ours sample unseeded, as a chat does (a seed turns the cost gate off)")
-    p.add_argument("--warmup-tokens", type=int, default=16,
-                   help="max_new_tokens of the untimed warm-up run per question and method (0: none)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice, usually one per core)")
-    p.add_argument("--cpu-weights", choices=CPU_WEIGHTS,
-                   help="the target's weights on CPU: fp32 | gguf (default: the preset's cpu_weights)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="compile the decoding steps (default: the preset's compile setting; on CPU only the "
-                        "target's, minutes the first time; compiled in the background, auto, is waited for)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
-    return p
 
 
 def run(args: argparse.Namespace, command: str = "") -> int:
@@ -140,7 +94,8 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     }
     runs = measure(questions, prompts, bench_methods, params, args.repeats, args.warmup_tokens, args.seed)
 
-    from .report import plot_acceptance, plot_speedup, summarize, write_json, write_markdown
+    from .outputs import write_json
+    from .report import plot_acceptance, plot_speedup, summarize, write_markdown
     from .theory_check import probe_all
 
     inform("probing step costs ...")
@@ -157,9 +112,9 @@ def run(args: argparse.Namespace, command: str = "") -> int:
         "preset": _preset_info(models),
         "models": [dataclasses.asdict(info) for info in models.info],
         "loaded": models.describe().splitlines() + models.notes,  # decode paths, compile times, fallbacks
-        "device": _device(models.target),
-        "machine": _machine(load_before),
-        "versions": _versions(),
+        "device": model_device(models.target),
+        "machine": machine(load_before),
+        "versions": versions(),
         "settings": {
             "methods": methods,
             "questions_file": str(args.questions) if args.questions else _display(DEFAULT_QUESTIONS),
@@ -318,66 +273,6 @@ def _hf_settings(methods: list, params) -> dict:
     return settings
 
 
-def _device(model) -> str:
-    import torch
-
-    device = str(model.device)
-    if device.startswith("cuda"):
-        return f"{device} ({torch.cuda.get_device_name(model.device)})"
-    return device
-
-
-def _machine(load_before) -> dict:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        ram_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
-    except (ValueError, OSError, AttributeError):
-        ram_gb = None
-    cores = os.cpu_count()
-    return {
-        "summary": f"{cpu}, {cores} logical cores" + (f", {ram_gb:.0f} GB RAM" if ram_gb else "")
-        + f", {platform.system()} {platform.release()}",
-        "cpu": cpu,
-        "logical_cores": cores,
-        "ram_gb": ram_gb,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch_threads": torch.get_num_threads(),
-        "load_before": load_before,
-        "load_after": load_average(),
-    }
-
-
-def _versions() -> dict:
-    versions = {"python": platform.python_version()}
-    for package in ("torch", "transformers", "accelerate", "bitsandbytes", "numpy", "matplotlib", "tqdm"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    versions["specdec"] = _git_commit()
-    return versions
-
-
-def _git_commit() -> str:
-    repo = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return commit or "unknown"
-
-
 def _display(path: Path) -> str:
     try:
         return str(path.relative_to(Path.cwd()))
@@ -390,7 +285,3 @@ def _quiet_transformers() -> None:
     from transformers.utils import logging
 
     logging.set_verbosity_error()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The correctness part: in fp32 with TF32 off, greedy speculative output is plain decoding's,
+for every drafter, eager and compiled, and our plain decoding is Hugging Face's."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from ...decoding.eager import CachedModel
+from ..architectures import random_model
+from ..machine import free_memory
+from .fixtures import (eagle_drafter_missing, every_drafter, greedy, hf_greedy, make_engine,
+                       random_prompts, shallow_copy, tf32_off)
+from .part import Part, Scale
+
+
+def part_correctness(scale: Scale, part: Part, shared: dict, out: Path) -> str | None:
+    """fp32, TF32 off: every drafter, eager and compiled, gives plain decoding's tokens."""
+    from ...decoding.static import DRAFT_STEP_SIZES, StaticSteps
+
+    with tf32_off():
+        target = random_model(scale.target, torch.float32, scale.device, seed=0)
+        draft = shallow_copy(target, scale.draft_layers)
+        prompts = random_prompts(target.config.vocab_size, scale.prompts, scale.prompt_tokens)
+        n = scale.new_tokens
+        plain = [greedy(make_engine(target), p, n)[0] for p in prompts]
+        hf = [hf_greedy(target, p, n) for p in prompts]
+        part.check("ours-baseline == HF generate (eager, fp32)", hf == plain,
+                   f"{sum(a == b for a, b in zip(hf, plain))}/{len(prompts)} prompts identical")
+        compiled_steps = {}
+        t0 = time.perf_counter()
+        # Two target shapes (1 and 9, a verify of 1 + 4 padded up) and the draft's two keep compiling short.
+        compiled_steps["target"] = StaticSteps(target, step_sizes=(1, 9), progress=False, name="target fp32",
+                                               backend=scale.backend)
+        compiled_steps["draft"] = StaticSteps(draft, step_sizes=DRAFT_STEP_SIZES, progress=False, name="draft fp32",
+                                              backend=scale.backend)
+        part.data["compile_s"] = round(time.perf_counter() - t0, 1)
+        part.data["compiled"] = {role: s.decode_path + (f" ({s.fallback_reason})" if s.fallback_reason else "")
+                                 for role, s in compiled_steps.items()}
+        part.check("fp32 steps compiled", all(s.fallback_reason is None for s in compiled_steps.values()),
+                   "; ".join(f"{r}: {p}" for r, p in part.data["compiled"].items()))
+        compiled_plain = [greedy(make_engine(target, make_runner=compiled_steps["target"]), p, n)[0] for p in prompts]
+        part.check("compiled ours-baseline == eager ours-baseline (fp32)", compiled_plain == plain,
+                   f"{sum(a == b for a, b in zip(compiled_plain, plain))}/{len(prompts)} prompts identical")
+        acceptance = {}
+        for path, target_runner, draft_runner in (("eager", CachedModel, CachedModel),
+                                                  ("compiled", compiled_steps["target"], compiled_steps["draft"])):
+            for name, drafter in every_drafter(target, draft, draft_runner).items():
+                engine = make_engine(target, drafter, make_runner=target_runner)
+                same, drafted, accepted = 0, 0, 0
+                for p, expected in zip(prompts, plain):
+                    tokens, stats = greedy(engine, p, n)
+                    same += tokens == expected
+                    drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
+                acceptance[f"{name} {path}"] = round(accepted / drafted, 3) if drafted else None
+                part.check(f"{name}, {path}: greedy == ours-baseline (fp32)", same == len(prompts),
+                           f"{same}/{len(prompts)} prompts identical, acceptance {acceptance[f'{name} {path}']}")
+        if eagle_drafter_missing():
+            part.check("eagle: greedy == ours-baseline (fp32)", None, "EagleDrafter is not in this build")
+        part.data["acceptance"] = acceptance
+    del target, draft, compiled_steps
+    free_memory()
+    return None
