@@ -5,7 +5,7 @@ import torch
 
 from specdec_core.drafter import Draft, Drafter
 from specdec_core.drafters.hybrid import PROBE_EVERY, HybridDrafter
-from specdec_core.policy import Acceptance, StepCosts
+from specdec_core.policy import AcceptanceByPosition, StepCosts
 from specdec_core.sampling import SamplingParams
 from tests.test_policy import BLOCKED_MS  # the 4-bit offline target's forward costs by token count
 
@@ -30,7 +30,7 @@ def hybrid_with(acceptance: float, draft_ms: float) -> tuple[HybridDrafter, Coun
     hybrid = HybridDrafter(learned)
     hybrid.use_costs(StepCosts(target_s={n: ms / 1000 for n, ms in BLOCKED_MS.items()}))
     source = hybrid.sources["eagle"]
-    source.acceptance, source.draft_s_per_token = Acceptance.of(acceptance), draft_ms / 1000
+    source.acceptance, source.draft_s_per_token = AcceptanceByPosition.of(acceptance), draft_ms / 1000
     return hybrid, learned
 
 
@@ -69,7 +69,7 @@ def test_an_unmeasured_head_is_asked_for_the_engines_length():
 
 def test_lookup_drafts_only_as_far_as_pays_at_its_acceptance():
     hybrid, learned = hybrid_with(acceptance=0.0, draft_ms=5.0)  # the head loses: lookup's turn
-    hybrid.sources["lookup"].acceptance = Acceptance.of(0.5)
+    hybrid.sources["lookup"].acceptance = AcceptanceByPosition.of(0.5)
     context = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]  # "1 2 3" occurred: lookup offers 4 5 6 7 8
     draft = hybrid.propose(context, 5, GREEDY, torch.Generator())
     # At 0.5 two drafts give 1.75 tokens for 1.09 steps; three 1.875 for 1.19; five 1.97 for 1.84.

@@ -1,7 +1,7 @@
 """The folders show the layers: no module of specdec_core imports from a layer above its own.
 
 Layers, bottom up: the decode paths (decoding/: how a model runs its steps), the 4-bit CPU
-kernels (kernels/), the algorithm (specdec_core/*.py: engine, acceptance, sampling, policy, ...),
+kernels (kernels/), the algorithm (specdec_core/*.py: engine, acceptance, sampling, ...; and the draft policy, policy/),
 the drafters (drafters/), presets and loading (presets/), then the wings that use them (bench/,
 train/, serve/), which do not import each other; the entry points (`python -m specdec_core`,
 `python -m specdec_core.cost_model`) and the app sit on top.
@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdec_core"
-LAYERS = {"decoding": 0, "kernels": 1, "": 2, "drafters": 3, "presets": 4, "bench": 5, "train": 5, "serve": 5}
+LAYERS = {"decoding": 0, "kernels": 1, "": 2, "policy": 2, "drafters": 3, "presets": 4, "bench": 5, "train": 5, "serve": 5}
 WINGS = 5  # the layer whose folders must not import each other
 ENTRY_POINTS = {"__main__.py", "cost_model.py", "gpu_check.py", "train_eagle.py"}  # faces that live in the top folder
 TOP = 6

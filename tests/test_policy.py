@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec_core.policy import Acceptance, DraftLengthPolicy, StepCosts
+from specdec_core.policy import AcceptanceByPosition, DraftLengthPolicy, StepCosts
 from specdec_core.theory import expected_tokens, expected_tokens_by_position
 
 
@@ -51,8 +51,8 @@ def test_acceptance_is_estimated_by_position_apart_within_and_after_streaks():
 
 def test_a_state_with_few_tried_drafts_leans_on_the_other():
     policy = DraftLengthPolicy(k=5)
-    policy.after_miss = Acceptance.of(0.3, tries=20)  # well measured
-    policy.after_streak = Acceptance.of(1.0, tries=2)  # one lucky round
+    policy.after_miss = AcceptanceByPosition.of(0.3, tries=20)  # well measured
+    policy.after_streak = AcceptanceByPosition.of(1.0, tries=2)  # one lucky round
     policy.in_streak = True
     # The second position was never tried in a streak: it is taken to be kept as often as the first.
     assert policy.rates(2) == pytest.approx([(2 + 2 * 0.3) / (2 + 2)] * 2)
@@ -62,7 +62,7 @@ def test_a_draft_right_at_first_and_rarely_after_drafts_one_where_a_pooled_rate_
     # First drafts kept 9 times in 20, second drafts once in the 9 rounds that reached them: one
     # draft gives 1.45 tokens for 1.3 steps. Pooled over both positions (9.9 of 29 = 0.34) the
     # same rounds promise 1.34 tokens for 1.3 steps, under the 5% a round must gain.
-    measured = Acceptance(accepted=[9.0, 1.0], tried=[20.0, 9.0])
+    measured = AcceptanceByPosition(accepted=[9.0, 1.0], tried=[20.0, 9.0])
     costs = {n: 0.010 + 0.002 * (n - 1) for n in range(1, 8)}
 
     def length(acceptance):
@@ -72,7 +72,7 @@ def test_a_draft_right_at_first_and_rarely_after_drafts_one_where_a_pooled_rate_
         return policy.next_draft_length(room=100)
 
     assert length(measured) == 1
-    assert length(Acceptance.of(measured.estimate, tries=29)) == 0
+    assert length(AcceptanceByPosition.of(measured.estimate, tries=29)) == 0
 
 
 def test_a_costly_drafters_acceptance_forgets_slowly_and_a_free_ones_fast():
@@ -97,7 +97,7 @@ def test_explicit_k_outside_default_bounds_is_kept():
 
 
 def expect(policy, acceptance):
-    policy.after_streak, policy.after_miss = Acceptance.of(acceptance), Acceptance.of(acceptance)
+    policy.after_streak, policy.after_miss = AcceptanceByPosition.of(acceptance), AcceptanceByPosition.of(acceptance)
 
 
 def calibrated(acceptance, draft_per_token, step=0.010, per_extra_token=0.001, k=5):

@@ -4,8 +4,7 @@
 Each round it asks prompt lookup first (it costs next to nothing). With no match the other
 drafter proposes. With a match, the two are weighed by what they have shown so far: each one's
 acceptance and drafting time per token, and the target's measured verify cost for the length
-each would draft (policy.best_length: a source's best length and its expected tokens per
-second). Each source drafts its own best length. Both keep their state current either way: the
+each would draft (best_length: a source's best length and its expected tokens per second). Each source drafts its own best length. Both keep their state current either way: the
 learned drafter reads the target's features (or catches up on the tokens) whichever source
 drafted.
 
@@ -23,12 +22,15 @@ target: 4 of 5 Spec-Bench conversation questions decoded plainly).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
-from ..policy import DraftSource, StepCosts, best_length
-from ..sampling import SamplingParams
 from ..drafter import NO_DRAFT, Draft, Drafter
+from ..policy import AcceptanceByPosition, StepCosts
+from ..policy.costs import average
+from ..sampling import SamplingParams
+from ..theory import expected_tokens_by_position
 from .lookup import PromptLookupDrafter
 
 
@@ -131,3 +133,46 @@ def _first(draft: Draft, n: int) -> Draft:
     if n >= len(draft.tokens):
         return draft
     return Draft(draft.tokens[:n], None if draft.probs is None else draft.probs[:n])
+
+
+# ---------------------------------------------------------------- choosing between the sources
+
+
+@dataclass
+class DraftSource:
+    """One drafter a hybrid can ask this round: its measured acceptance and drafting cost."""
+
+    name: str
+    acceptance: AcceptanceByPosition = field(default_factory=AcceptanceByPosition)
+    draft_s_per_token: float | None = None
+    steady: bool = False  # a learned drafter: its acceptance forgets slowly (AcceptanceByPosition.add)
+
+    def record(self, drafted: int, accepted: int, seconds: float) -> None:
+        """Learn from a verified proposal of this source."""
+        if drafted:
+            self.acceptance.add(accepted, drafted, steady=self.steady)
+            self.draft_s_per_token = average(self.draft_s_per_token, seconds / drafted)
+
+
+_UNMEASURED_ACCEPTANCE = 0.5  # what a source that never drafted is assumed to reach
+
+
+def tokens_per_second(source: DraftSource, k: int, costs: StepCosts) -> float | None:
+    """Expected new tokens per second of a round that drafts k tokens from `source` (None until
+    the target's steps are measured)."""
+    verify = costs.target(k + 1)
+    if verify is None or k <= 0:
+        return None
+    rates = source.acceptance.rates(k) or [_UNMEASURED_ACCEPTANCE] * k
+    round_s = verify + k * (source.draft_s_per_token or 0.0)
+    return expected_tokens_by_position(rates) / round_s if round_s > 0 else None
+
+
+def best_length(source: DraftSource, k_max: int, costs: StepCosts) -> tuple[int, float | None]:
+    """The draft length in [1, k_max] with the most expected tokens per second from `source`, and
+    that rate; (k_max, None) until the target's steps are measured."""
+    rates = {k: tokens_per_second(source, k, costs) for k in range(1, k_max + 1)}
+    if not rates or None in rates.values():
+        return k_max, None
+    best = max(rates, key=rates.get)
+    return best, rates[best]
