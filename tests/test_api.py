@@ -440,7 +440,8 @@ def test_pages_of_other_sites_cannot_use_the_api(server):
     ('"messages": [{"role": "user", "content": "a\\ud800b"}]', "messages[0].content", "surrogate"),
     ('"messages": [{"role": "user", "content": "a\\udfffb"}], "stream": true', "messages[0].content", "surrogate"),
     ('"stop": "x", "deep": ' + "[" * 100_000 + "]" * 100_000, None, "nested more than 64 levels"),
-])
+], ids=["nan", "inf", "top_p-nan", "tiny-temperature", "seed-2**63", "seed-negative", "1e400", "surrogate",
+        "surrogate-streamed", "nested-100000"])
 def test_every_bad_number_or_text_is_a_400_naming_the_field_before_anything_runs(server, fields, param, words):
     target = server.holder.get("tiny").target
     forwards = []
