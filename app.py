@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import gradio as gr
 import torch
@@ -652,7 +652,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _refuse(message: str) -> None:
+def _refuse(message: str) -> NoReturn:
     """A bad command line: one line on stderr and exit status 2, before anything loads."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)

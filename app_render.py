@@ -73,6 +73,9 @@ def legend_html() -> str:
 # ---------------------------------------------------------------- chat panes
 
 
+RETRIED = "retried"  # a turn's key: the turn a Retry replaces (see new_turn)
+
+
 def new_turn(user: str, baseline_pending: bool = False, retried: Mapping | None = None) -> dict:
     """One exchange, kept as plain text plus its rendered HTML (the HTML is never parsed back).
 
@@ -85,9 +88,6 @@ def new_turn(user: str, baseline_pending: bool = False, retried: Mapping | None 
     if retried is not None:
         turn[RETRIED] = {key: value for key, value in retried.items() if key != RETRIED}
     return turn
-
-
-RETRIED = "retried"
 
 
 def prompt_messages(turns: Sequence[Mapping]) -> list[dict]:
