@@ -87,7 +87,7 @@ def api_routes(holder: ModelHolder, presets: Collection[str], access: ApiAccess,
                default_max_tokens: int = 256) -> list[Route]:
     """The API's routes over the shared models (when off, they say how to turn it on)."""
     if not access.enabled:
-        return [Route("/v1/{path:path}", _api_off, methods=ALL_METHODS)]
+        return [Route("/v1", _api_off, methods=ALL_METHODS), Route("/v1/{path:path}", _api_off, methods=ALL_METHODS)]
     presets = list(presets)
 
     async def models(request: Request) -> Response:
