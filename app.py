@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import gradio as gr
 import torch
@@ -37,11 +37,12 @@ from specdec_core.kernels.row_attention import uses_row_exact_attention
 from specdec_core.presets.holder import Cancelled, ModelHolder
 from specdec_core.presets.loaded import LoadedModels
 from specdec_core.presets.loading import load_preset
-from specdec_core.serve import API_KEY_ENV, ApiAccess, access_for, api_routes
+from specdec_core.serve import API_KEY_ENV, ApiAccess, access_for, api_routes, is_loopback
 
 log = logging.getLogger("specdec.app")
 
 AUTH_ENV = "SPECDEC_AUTH"
+RISK_FLAG = "--insecure-no-auth"  # serve a network-reachable app without a login, knowingly
 DEVICE = "device"  # one concurrency group: loading and generating share the device
 UPDATE_INTERVAL_S = 0.05  # stream at most ~20 updates a second so the browser keeps up
 # The plots (race chart, acceptance by position) and the speedup figure redraw at most twice a
@@ -144,6 +145,9 @@ class View(NamedTuple):
     race: object = gr.skip()  # #race-chart
     history: object = gr.skip()  # #history (only at a reply's end)
     history_csv: object = gr.skip()  # its CSV download
+    # The session's ReplyHistory, set when it wrote its CSV: gradio calls a State's delete
+    # callback (which removes the CSV's folder) only for states an event has set.
+    history_log: object = gr.skip()
 
 
 @dataclass(frozen=True)
@@ -241,7 +245,10 @@ def build_ui(preset: str = "auto", config_path: str | None = None, max_new_token
 def _layout(presets: dict, preset: str, max_new_tokens: int) -> SimpleNamespace:
     """Place the components (inside a gr.Blocks); returns them by name."""
     start = presets.get(preset)
-    ui = SimpleNamespace(turns=gr.State([]), history_log=gr.State(S.ReplyHistory()))
+    # A session's history CSV folder goes when gradio drops the session's state (an hour after
+    # its tab closed; see View.history_log); what is left at exit goes with the process's folder.
+    ui = SimpleNamespace(turns=gr.State([]),
+                         history_log=gr.State(S.ReplyHistory(), delete_callback=S.ReplyHistory.remove_files))
     gr.Markdown("# Speculative decoding chat\nEach reply token is coloured by where it came from.")
     gr.HTML(R.legend_html(), elem_id="legend", head=S.RACE_DASHED_CSS)
     with gr.Row():
@@ -301,12 +308,13 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
     """Connect the events. Everything that uses the device shares one concurrency group."""
     controls = [getattr(ui, name) for name in Settings.__dataclass_fields__]  # Settings' order
     outputs = [ui.msg, ui.chat, ui.chat_baseline, ui.turns, ui.stats, ui.plot, ui.speedup, ui.models,
-               ui.live, ui.race, ui.history, ui.history_csv]
+               ui.live, ui.race, ui.history, ui.history_csv, ui.history_log]
     book = S.BaselineBook()  # every session's measured plain rates: one machine, one set of models
 
     def reply(request: gr.Request, message: str, history: list, log: S.ReplyHistory, values: tuple,
-              failed: Failed):
-        """Answer `message` after `history`; on failure show `failed` (the box and chat as they were)."""
+              failed: Failed, retried: dict | None = None):
+        """Answer `message` after `history`; on failure show `failed` (the box and chat as they were).
+        `retried`: the turn a Retry replaces."""
         settings = Settings(*values)
         session = request.session_hash or ""
         run = stops.begin(session)
@@ -314,7 +322,8 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
             meter = Meter(book, log)
             # The box is cleared only when this consumed it (Send); a failure puts it back.
             box = gr.skip() if failed.box is None else ""
-            yield from _guarded(failed, lambda: _chat(holder, message, history, settings, run.stop, meter, box))
+            yield from _guarded(failed, lambda: _chat(holder, message, history, settings, run.stop, meter, box,
+                                                      retried))
         finally:
             stops.end(session, run)
 
@@ -328,12 +337,17 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, holder: ModelHolder, stops: Stop
         if not history:
             raise gr.Error("Nothing to retry yet: send a message first.")
         # Retry leaves the box alone, and a failure keeps the turn it retried, reply and all.
-        yield from reply(request, history[-1]["user"], history[:-1], log, values, Failed(None, history))
+        yield from reply(request, history[-1]["user"], history[:-1], log, values, Failed(None, history), history[-1])
 
     def stop_reply(request: gr.Request, panel: str, message: str, history: list):
         """Stop the session's reply. A message that got no reply at all (stopped while the
-        models loaded or the prompt was read) goes back to the box, unless something new is there."""
+        models loaded or the prompt was read) goes back to the box, unless something new is there;
+        a Retry stopped then puts back the turn it was replacing, reply and all."""
         stops.request(request.session_hash or "")
+        if history and not history[-1]["reply"] and history[-1].get(R.RETRIED):
+            history = [*history[:-1], history[-1][R.RETRIED]]
+            return (R.stopped_before_retry_markdown(holder.loading), gr.skip(), R.chat_view(history),
+                    R.chat_view(history, "baseline"), history)
         if history and not history[-1]["reply"]:
             box = message if (message or "").strip() else history[-1]["user"]
             history = history[:-1]
@@ -454,10 +468,11 @@ def _guarded(failed: Failed, run: Callable[[], Iterator[View]]) -> Iterator[View
 
 
 def _chat(holder: ModelHolder, message: str, history: list, settings: Settings,
-          stop: threading.Event, meter: Meter, box: object = "") -> Iterator[View]:
+          stop: threading.Event, meter: Meter, box: object = "", retried: dict | None = None) -> Iterator[View]:
     """One user message: load if needed, then stream the reply (or baseline then speculative).
-    `box`: what the message box shows meanwhile ("" when this consumed it; gr.skip(): leave it)."""
-    turns = [*history, R.new_turn(message, baseline_pending=settings.compare)]
+    `box`: what the message box shows meanwhile ("" when this consumed it; gr.skip(): leave it);
+    `retried`: the turn a Retry replaces (Stop before the first token puts it back)."""
+    turns = [*history, R.new_turn(message, baseline_pending=settings.compare, retried=retried)]
     waiting = R.LOADING if holder.models is None else "Reading the prompt…"
     yield View(box, R.chat_view(turns), R.chat_view(turns, "baseline"), turns, waiting,
                gr.skip(), gr.skip(), gr.skip())
@@ -538,7 +553,8 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
     kind = "side by side" if settings.compare else ("baseline" if baseline_reply else "speculative")
     meter.log.add(S.history_row(len(meter.log.rows) + 1, turn["user"], kind, drafter, stats, live.rate))
     yield view(R.stats_markdown(stats, mode, done=True), R.acceptance_frame(stats), speedup_text, live_text,
-               race(), history=S.history_frame(meter.log.rows), history_csv=meter.log.csv_file())
+               race(), history=S.history_frame(meter.log.rows), history_csv=meter.log.csv_file(),
+               history_log=meter.log)
 
 
 class _LiveSpeedup:
@@ -609,6 +625,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="key the OpenAI-compatible API at /v1 requires as 'Authorization: Bearer KEY' "
                              f"(or set {API_KEY_ENV}); without one the API is open on 127.0.0.1 and off "
                              "when the server is reachable from elsewhere (--share, another --host)")
+    parser.add_argument("--allowed-origins", default="",
+                        help="comma-separated web page origins besides the app's own that may call the API "
+                             "from a browser, e.g. http://localhost:3000 (others get 403)")
+    parser.add_argument(RISK_FLAG, action="store_true",
+                        help="serve without --auth although the app is reachable from other machines "
+                             "(--share, a non-loopback --host): anyone who reaches it can generate")
     parser.add_argument("--max-new-tokens", type=int, default=256,
                         help="starting value of the slider, and the API's default max_tokens")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -616,11 +638,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "the preset's `compile`; auto = on with CUDA, and on CPU a 4-bit "
                              "target's steps in the background while replies start eagerly)")
     args = parser.parse_args(argv)
-    if args.auth is not None and ":" not in args.auth:
-        parser.error("--auth takes USER:PASSWORD")
+    if args.auth is not None:
+        user, colon, password = args.auth.partition(":")
+        if not (colon and user and password):  # never echo the value: it may hold a password
+            _refuse("--auth takes USER:PASSWORD, both non-empty")
     if args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be at least 1")
+    reachable = reachable_from(args.host, args.share)
+    if reachable and not args.auth and not args.insecure_no_auth:
+        _refuse(f"{reachable} without --auth would let anyone who reaches it generate on this machine: add "
+                f"--auth USER:PASSWORD (or set {AUTH_ENV}), or pass {RISK_FLAG} to accept that")
+    args.allowed_origins = [o for o in args.allowed_origins.split(",") if o.strip()]
     return args
+
+
+def _refuse(message: str) -> NoReturn:
+    """A bad command line: one line on stderr and exit status 2, before anything loads."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def reachable_from(host: str, share: bool) -> str:
+    """What makes the app reachable from other machines ("" if only this one can)."""
+    reasons = ([f"--host {host}"] if not is_loopback(host) else []) + (["--share"] if share else [])
+    return " and ".join(reasons)
+
+
+def exposure_line(args: argparse.Namespace, share_url: str | None) -> str:
+    """The launch line on who can use the app and Gradio's API ("" when only this machine can)."""
+    where = " and ".join(([f"the network at {args.host}:{args.port}"] if not is_loopback(args.host) else [])
+                         + ([f"the public link {share_url}"] if share_url else []))
+    if not where:
+        return ""
+    if args.auth:
+        return f"App and Gradio's API (/gradio_api) reachable from {where}, behind the --auth login."
+    return (f"Warning ({RISK_FLAG}): anyone who reaches {where} can chat and generate through the app and "
+            "Gradio's API (/gradio_api), no login.")
 
 
 def launch(demo: gr.Blocks, args: argparse.Namespace, api: list | None = None,
@@ -628,9 +681,6 @@ def launch(demo: gr.Blocks, args: argparse.Namespace, api: list | None = None,
     """Serve until interrupted, with the API's routes on the same server. A failed share link
     is one line; the app keeps serving locally."""
     auth = tuple(args.auth.split(":", 1)) if args.auth else None
-    if args.share and not auth:
-        print("Warning: --share makes a public link anyone can open; add --auth USER:PASSWORD "
-              f"(or set {AUTH_ENV}).", file=sys.stderr)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # gradio explains a failed share link in ten lines
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth,
@@ -640,6 +690,9 @@ def launch(demo: gr.Blocks, args: argparse.Namespace, api: list | None = None,
         launch_text = launch_text.split("\nCould not create share link")[0].rstrip() + "\n"
         launch_text += (f"Could not create a share link (no network or tunnel blocked); "
                         f"still serving locally at {demo.local_url}\n")
+    exposure = exposure_line(args, demo.share_url)
+    if exposure:
+        launch_text += exposure + "\n"
     if access is not None:
         launch_text += access.launch_line(demo.local_url) + "\n"
     print(launch_text, end="", flush=True)
@@ -652,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
         holder = ModelHolder(args.config, loader=functools.partial(load_preset, compile=args.compile),
                              start_preset=args.preset)
         demo = build_ui(args.preset, args.config, args.max_new_tokens, holder=holder)
-        access = access_for(args.host, args.share, args.api_key)
+        access = access_for(args.host, args.share, args.api_key, args.allowed_origins)
         api = api_routes(holder, load_presets(args.config), access, args.max_new_tokens)
     except (ValueError, FileNotFoundError) as error:  # ConfigError is a ValueError
         print(f"error: {error}", file=sys.stderr)

@@ -73,13 +73,21 @@ def legend_html() -> str:
 # ---------------------------------------------------------------- chat panes
 
 
-def new_turn(user: str, baseline_pending: bool = False) -> dict:
+RETRIED = "retried"  # a turn's key: the turn a Retry replaces (see new_turn)
+
+
+def new_turn(user: str, baseline_pending: bool = False, retried: Mapping | None = None) -> dict:
     """One exchange, kept as plain text plus its rendered HTML (the HTML is never parsed back).
 
     Keys: user, reply (plain text, what the next prompt uses), reply_html, baseline_html
-    (the baseline pane's reply in side-by-side mode: "" until it streams; None: no baseline run).
+    (the baseline pane's reply in side-by-side mode: "" until it streams; None: no baseline run);
+    for a Retry, `retried`: the turn it replaces, which Stop puts back if no token came yet (one
+    level only: the replaced turn's own `retried` is dropped).
     """
-    return {"user": user, "reply": "", "reply_html": "", "baseline_html": "" if baseline_pending else None}
+    turn = {"user": user, "reply": "", "reply_html": "", "baseline_html": "" if baseline_pending else None}
+    if retried is not None:
+        turn[RETRIED] = {key: value for key, value in retried.items() if key != RETRIED}
+    return turn
 
 
 def prompt_messages(turns: Sequence[Mapping]) -> list[dict]:
@@ -167,6 +175,12 @@ def stopped_before_reply_markdown(still_loading: str | None) -> str:
         return (f"**Stopped** before the reply started. Preset {still_loading} keeps loading in the "
                 "background; your message is back in the box: send it again when you like.")
     return "**Stopped** before the reply started; your message is back in the box."
+
+
+def stopped_before_retry_markdown(still_loading: str | None) -> str:
+    """The panel after Stop ended a Retry before its first token: the earlier reply is back."""
+    loading = f" Preset {still_loading} keeps loading in the background." if still_loading else ""
+    return f"**Stopped** before the new reply started; the earlier reply is kept.{loading}"
 
 
 def stopped_markdown(panel: str) -> str:

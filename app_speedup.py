@@ -16,8 +16,10 @@ Every figure shown was measured; with none measured the panel says so.
 
 from __future__ import annotations
 
+import atexit
 import csv
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -309,12 +311,25 @@ def history_frame(rows: Sequence[Mapping]) -> pd.DataFrame:
 
 
 def write_history_csv(rows: Sequence[Mapping], path: str) -> str:
-    """The history as CSV at `path` (returned), one row per reply, the table's columns."""
+    """The history as CSV at `path` (returned), one row per reply, the table's columns, every
+    cell safe to open in a spreadsheet."""
     with open(path, "w", newline="", encoding="utf-8") as file:
         writer = csv.DictWriter(file, fieldnames=HISTORY_COLUMNS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({name: spreadsheet_safe(value) for name, value in row.items()} for row in rows)
     return path
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(cell: object) -> object:
+    """A text cell a spreadsheet would run as a formula (a prompt like `=HYPERLINK(...)`) with a
+    leading `'`, OWASP's rule for CSV injection; numbers and other text as they are. Applied to
+    the cell as written, after any whitespace normalisation, which could uncover a formula."""
+    if isinstance(cell, str) and cell.startswith(FORMULA_STARTS):
+        return "'" + cell
+    return cell
 
 
 class ReplyHistory:
@@ -330,8 +345,28 @@ class ReplyHistory:
     def csv_file(self) -> str:
         """The history written as reply-history.csv in this session's own temporary folder."""
         if self._folder is None:
-            self._folder = tempfile.mkdtemp(prefix="specdec-history-")
+            self._folder = tempfile.mkdtemp(prefix="session-", dir=_history_root())
         return write_history_csv(self.rows, os.path.join(self._folder, "reply-history.csv"))
+
+    def remove_files(self) -> None:
+        """Delete this session's folder (its session ended; gradio served its own copy)."""
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+
+_root_lock = threading.Lock()
+_root: list[str] = []  # the process's folder of session folders, once made
+
+
+def _history_root() -> str:
+    """One folder per process that holds every session's folder, removed when the process
+    exits: sessions that never end cleanly (evicted, the server stopped) leave nothing behind."""
+    with _root_lock:
+        if not _root:
+            _root.append(tempfile.mkdtemp(prefix="specdec-history-"))
+            atexit.register(shutil.rmtree, _root[0], ignore_errors=True)
+        return _root[0]
 
 
 class Throttle:

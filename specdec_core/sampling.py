@@ -8,9 +8,17 @@ shaped the same way. Greedy decoding (temperature 0) is an argmax and needs no p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+# Below this a temperature only divides logits into overflow (1e-38 gives inf, then NaN
+# probabilities) while sampling already picks the argmax in all but name: 0 is greedy.
+MIN_TEMPERATURE = 0.01
+# A torch generator's seed is a 64-bit integer; the non-negative int64 range is what every
+# client library can hold.
+MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -31,14 +39,17 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf):
+            raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, "
+                             f"got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1] (1 means off), got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 means off), got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -27,7 +28,7 @@ from specdec_core.chat import chat_prompt_ids
 from specdec_core.events import SOURCES
 from specdec_core.presets.config import DRAFTERS, load_presets
 from specdec_core.presets.holder import MAX_WAITING
-from specdec_core.serve import access_for, api_routes
+from specdec_core.serve import MAX_BODY_BYTES, access_for, api_routes
 from tests.conftest import free_port
 from tests.test_app import controls, outputs, run_app, token_spans, wait_for_line
 from tests.tiny_models import require, smollm2_dir
@@ -35,11 +36,12 @@ from tests.tiny_models import require, smollm2_dir
 REPO = Path(__file__).resolve().parents[1]
 KEY = "test-key-123"
 GREEDY = dict(temperature=0, max_tokens=24)
+ALLOWED_PAGE = "http://localhost:3000"  # --allowed-origins of the keyed server
 
 
-def launch_server(config, holder, key=None):
+def launch_server(config, holder, key=None, allowed_origins=()):
     demo = app.build_ui("tiny", str(config), max_new_tokens=24, holder=holder)
-    access = access_for("127.0.0.1", False, key)
+    access = access_for("127.0.0.1", False, key, allowed_origins)
     routes = api_routes(holder, load_presets(str(config)), access, default_max_tokens=24)
     demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                 app_kwargs={"routes": routes})
@@ -51,7 +53,7 @@ def server(tiny_app_config):
     """The app with its API (open on loopback), and the same models behind a second, keyed server."""
     holder = app.ModelHolder(str(tiny_app_config), start_preset="tiny")
     demo = launch_server(tiny_app_config, holder)
-    keyed = launch_server(tiny_app_config, holder, key=KEY)
+    keyed = launch_server(tiny_app_config, holder, key=KEY, allowed_origins=[ALLOWED_PAGE + "/"])
     yield SimpleNamespace(url=demo.local_url, api=demo.local_url + "v1", keyed_api=keyed.local_url + "v1",
                           holder=holder)
     demo.close()
@@ -247,7 +249,8 @@ def test_bad_messages_and_bodies_are_400s(server, client):
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model="tiny", messages=messages)
         assert caught.value.body["param"] == param
-    response = httpx.post(server.api + "/chat/completions", content=b"{not json", timeout=30)
+    response = httpx.post(server.api + "/chat/completions", content=b"{not json", timeout=30,
+                          headers={"Content-Type": "application/json"})
     assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
 
 
@@ -345,11 +348,12 @@ def test_access_rules():
 
 
 def test_share_without_a_key_turns_the_api_off(tiny_app_config):
-    process, port = run_app("--share", "--preset", "tiny", "--config", str(tiny_app_config))
+    process, port = run_app("--share", app.RISK_FLAG, "--preset", "tiny", "--config", str(tiny_app_config))
     try:
         lines = wait_for_line(process, "OpenAI-compatible API off")
         assert "--api-key KEY" in lines[-1]
-        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models"), ("GET", "/v1"),
+                             ("DELETE", "/v1/embeddings")):
             response = httpx.request(method, f"http://127.0.0.1:{port}{path}", timeout=30,
                                      json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
             assert response.status_code == 403 and response.json()["error"]["code"] == "api_off"
@@ -383,6 +387,126 @@ def test_a_failing_generation_is_one_line_and_the_server_goes_on(server, client,
         streamed(client)
     monkeypatch.undo()
     assert ask(client, max_tokens=2).usage.completion_tokens == 2
+
+
+# ---------------------------------------------------------------- other sites, bad numbers, limits
+
+HI = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def post(api: str, body: str | bytes, content_type: str | None = "application/json", **headers) -> httpx.Response:
+    """A raw POST /v1/chat/completions, with the Content-Type and headers given."""
+    headers = {**({"Content-Type": content_type} if content_type else {}), **headers}
+    return httpx.post(api + "/chat/completions", content=body, headers=headers, timeout=60)
+
+
+def test_pages_of_other_sites_cannot_use_the_api(server):
+    target = server.holder.get("tiny").target
+    forwards = []
+    hook = target.register_forward_hook(lambda *_: forwards.append(1))
+    body, port = json.dumps(HI), urlsplit(server.url).port
+    try:
+        # What any page can send without asking the server first: a text/plain POST.
+        simple = post(server.api, body, "text/plain", Origin="http://evil.example")
+        as_json = post(server.api, body, Origin="http://evil.example")
+        listed = httpx.get(server.api + "/models", headers={"Origin": "http://evil.example"}, timeout=30)
+        # A site whose name resolves to 127.0.0.1 (DNS rebinding) is its own Host, and still not this server.
+        rebound = post(server.api, body, Origin=f"http://evil.example:{port}", Host=f"evil.example:{port}")
+        text = post(server.api, body, "text/plain")  # no Origin, but not JSON
+        untyped = post(server.api, body, None)  # what fetch() sends for a Blob body: no Content-Type
+    finally:
+        hook.remove()
+    assert forwards == [], "a refused request ran the model"
+    for response in (simple, as_json, listed, rebound):
+        assert response.status_code == 403 and response.json()["error"]["code"] == "origin_not_allowed"
+    assert "--allowed-origins http://evil.example" in as_json.json()["error"]["message"]
+    for response in (text, untyped):
+        assert response.status_code == 415 and "application/json" in response.json()["error"]["message"]
+    # The app's own page, clients that send no Origin (SDKs, curl), and a page the user allowed.
+    assert post(server.api, body, Origin=server.url.rstrip("/")).status_code == 200
+    assert post(server.api, body).status_code == 200
+    keyed = {"Authorization": f"Bearer {KEY}"}
+    assert post(server.keyed_api, body, Origin=ALLOWED_PAGE, **keyed).status_code == 200
+    assert post(server.keyed_api, body, Origin="http://localhost:3001", **keyed).status_code == 403
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ('"temperature": NaN', "temperature", "[0, 2], got nan"),
+    ('"temperature": Infinity', "temperature", "[0, 2], got inf"),
+    ('"top_p": NaN', "top_p", "(0, 1]"),
+    ('"temperature": 1e-38', "temperature", "send 0"),
+    ('"seed": 9223372036854775808', "seed", "[0, 9223372036854775807]"),
+    ('"seed": -1', "seed", "[0, 9223372036854775807]"),
+    ('"max_tokens": 1e400', "max_tokens", "integer"),
+    ('"messages": [{"role": "user", "content": "a\\ud800b"}]', "messages[0].content", "surrogate"),
+    ('"messages": [{"role": "user", "content": "a\\udfffb"}], "stream": true', "messages[0].content", "surrogate"),
+    ('"stop": "x", "deep": ' + "[" * 100_000 + "]" * 100_000, None, "nested more than 64 levels"),
+], ids=["nan", "inf", "top_p-nan", "tiny-temperature", "seed-2**63", "seed-negative", "1e400", "surrogate",
+        "surrogate-streamed", "nested-100000"])
+def test_every_bad_number_or_text_is_a_400_naming_the_field_before_anything_runs(server, fields, param, words):
+    target = server.holder.get("tiny").target
+    forwards = []
+    hook = target.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        response = post(server.api, '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], '
+                                    f'"max_tokens": 4, {fields}}}')
+    finally:
+        hook.remove()
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == param and words in error["message"], error
+    assert param is None or param in error["message"]
+    assert forwards == []
+
+
+def test_the_cli_refuses_a_seed_beyond_int64_before_loading(tiny_app_config, monkeypatch, capsys):
+    import specdec_core.presets.loading as loading
+    from specdec_core.__main__ import main as cli
+
+    monkeypatch.setattr(loading, "load_preset", lambda *a, **kw: pytest.fail("loaded models before the check"))
+    assert cli(["generate", "--config", str(tiny_app_config), "--preset", "tiny", "--prompt", "hi",
+                "--seed", str(2**64)]) == 2
+    assert capsys.readouterr().err == "error: seed must be an integer in [0, 9223372036854775807], got 18446744073709551616\n"
+
+
+def test_an_unexpected_error_is_a_500_in_openais_shape_and_one_log_line(server, client, monkeypatch, caplog):
+    import specdec_core.serve.routes as routes
+
+    def broken(*_):
+        raise RuntimeError("a bug\nTraceback (most recent call last): ...")
+
+    monkeypatch.setattr(routes, "parse_chat_request", broken)
+    with caplog.at_level("ERROR", logger="specdec.api"):
+        response = post(server.api, json.dumps(HI))
+    assert response.status_code == 500 and response.headers["content-type"] == "application/json"
+    assert response.json()["error"]["type"] == "server_error"
+    assert "RuntimeError: a bug" in response.json()["error"]["message"] and "Traceback" not in response.text
+    assert [r.getMessage() for r in caplog.records] == ["POST /v1/chat/completions failed: RuntimeError: a bug"]
+    assert not any(r.exc_info for r in caplog.records)
+    monkeypatch.undo()
+    assert ask(client, max_tokens=2).usage.completion_tokens == 2
+
+
+def test_a_body_over_the_limit_is_a_413_and_every_v1_path_answers_in_openais_shape(server, client):
+    too_big = json.dumps({**HI, "messages": [{"role": "user", "content": "x" * MAX_BODY_BYTES}]}).encode()
+    declared = post(server.api, too_big)
+
+    def chunked():  # no Content-Length: the limit holds while reading
+        for start in range(0, len(too_big), 65536):
+            yield too_big[start : start + 65536]
+
+    streamed_body = post(server.api, chunked())
+    for response in (declared, streamed_body):
+        assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+        assert f"{MAX_BODY_BYTES // 2**20} MiB" in response.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.embeddings.create(model="tiny", input="hi")
+    assert caught.value.body["code"] == "unknown_url" and "POST /v1/chat/completions" in caught.value.body["message"]
+    for method, path, status in (("POST", "/v1/completions", 404), ("GET", "/v1", 404), ("GET", "/v1/", 404),
+                                 ("GET", "/v1/chat/completions", 405), ("DELETE", "/v1/models/tiny", 405),
+                                 ("PUT", "/v1/models", 405)):
+        response = httpx.request(method, server.url.rstrip("/") + path, timeout=30)
+        assert response.status_code == status, (method, path)
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}, (method, path)
 
 
 # ---------------------------------------------------------------- sharing the device

@@ -450,6 +450,30 @@ def test_flags_and_auth_from_the_environment(monkeypatch):
         app.parse_args(["--auth", "no-colon"])
 
 
+def test_a_network_reachable_app_needs_a_login_or_the_risk_flag(capsys):
+    for flags in (["--host", "0.0.0.0"], ["--host", "192.168.1.5"], ["--share"], ["--host", "myhost", "--share"]):
+        with pytest.raises(SystemExit) as exited:
+            app.parse_args(flags)
+        error = capsys.readouterr().err
+        assert exited.value.code == 2 and error.count("\n") == 1 and error.startswith("error: --"), flags
+        assert "--auth USER:PASSWORD" in error and app.RISK_FLAG in error
+    for auth in (":", "alice:", ":secret"):
+        with pytest.raises(SystemExit) as exited:
+            app.parse_args(["--auth", auth])
+        assert exited.value.code == 2
+        assert capsys.readouterr().err == "error: --auth takes USER:PASSWORD, both non-empty\n"
+    for loopback in ("127.0.0.1", "localhost", "::1"):
+        assert app.parse_args(["--host", loopback]).host == loopback
+    logged_in = app.parse_args(["--host", "0.0.0.0", "--share", "--auth", "ann:pw"])
+    assert "reachable from the network at 0.0.0.0:7860 and the public link https://x.gradio.live, behind the " \
+           "--auth login" in app.exposure_line(logged_in, "https://x.gradio.live")
+    risky = app.parse_args(["--host", "0.0.0.0", app.RISK_FLAG])
+    assert app.exposure_line(risky, None) == (
+        "Warning (--insecure-no-auth): anyone who reaches the network at 0.0.0.0:7860 can chat and generate "
+        "through the app and Gradio's API (/gradio_api), no login.")
+    assert app.exposure_line(app.parse_args([]), None) == ""
+
+
 def test_unknown_preset_exits_2_with_the_list(tiny_app_config, capsys):
     assert app.main(["--preset", "nope", "--config", str(tiny_app_config)]) == 2
     assert "available: auto, tiny, tiny-nodraft, broken" in capsys.readouterr().err
@@ -477,11 +501,11 @@ def wait_for_line(process: subprocess.Popen, needle: str, timeout: float = 120) 
 
 
 def test_share_without_network_warns_and_keeps_serving(tiny_app_config):
-    process, port = run_app("--share", "--preset", "tiny", "--config", str(tiny_app_config))
+    process, port = run_app("--share", app.RISK_FLAG, "--preset", "tiny", "--config", str(tiny_app_config))
     try:
         lines = wait_for_line(process, "Could not create a share link")
         text = "".join(lines)
-        assert "--share makes a public link" in text  # no --auth: warned
+        assert "Warning" not in text  # no link: nothing is reachable from elsewhere
         assert text.count("Could not create") == 1 and "Please check your internet" not in text
         assert f"127.0.0.1:{port}" in lines[-1]
         final = outputs(send(Client(f"http://127.0.0.1:{port}/", verbose=False), "hi"))

@@ -4,8 +4,11 @@ the message box keeps what was not sent."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,9 +16,10 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import app_render as R
+import app_speedup as S
 from specdec_core.chat import chat_prompt_ids
 from tests.conftest import free_port
-from tests.test_app import OUT, controls, outputs, send, text_of, token_spans
+from tests.test_app import OUT, REPO, controls, outputs, send, text_of, token_spans
 
 
 @pytest.fixture
@@ -117,6 +121,72 @@ def test_stop_during_the_first_load_ends_the_wait_and_the_next_send_works(slow_l
     assert server.holder.models.preset.name == "tiny"
 
 
+# ---------------------------------------------------------------- Stop never loses history
+
+
+@pytest.fixture
+def busy_device(app_server):
+    """Holds the device (as an API request would) until `release` is set."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with app_server.holder.turns.turn():
+            held.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=hold)
+    yield SimpleNamespace(start=lambda: (thread.start(), held.wait(30)), release=release)
+    release.set()
+    if thread.is_alive() or held.is_set():
+        thread.join(30)
+
+
+@pytest.mark.parametrize("button", ["send", "retry"])
+@pytest.mark.parametrize("when", ["waiting for the device", "streaming"])
+def test_stop_keeps_the_history(app_server, client, busy_device, button, when):
+    """Send or Retry, stopped while the reply waits for the device or while it streams: the
+    conversation keeps every earlier turn, a stopped Retry its turn (with the earlier reply if
+    no token came yet), and a Send stopped before its first token puts its message back."""
+    first = outputs(send(client, "Name a river.", max_new_tokens=8))["chat"]
+    streaming = when == "streaming"
+    target = app_server.holder.get("tiny").target
+    forwards = []
+    hook = target.register_forward_hook(lambda *_: forwards.append(1))
+    if not streaming:
+        busy_device.start()
+    settings = controls(baseline=True, max_new_tokens=450 if streaming else 8)
+    job = (client.submit("Go on and on", *settings, api_name="/send") if button == "send"
+           else client.submit(*settings, api_name="/retry"))
+    try:
+        if streaming:
+            while len(forwards) < 20:
+                assert not job.done(), "the reply ended before it could be stopped"
+                time.sleep(0.01)
+        else:
+            while not job.outputs():  # the reply shows its turn, then waits for the device
+                time.sleep(0.02)
+            time.sleep(0.3)
+            assert forwards == []
+        panel, box, chat, _ = client.predict("x · generating…", "", api_name="/stop")
+    finally:
+        hook.remove()
+        busy_device.release.set()
+    while not job.done():
+        time.sleep(0.02)
+    skipped = {"__type__": "update"}  # gr.skip(): Stop left that output as it was
+    if not streaming:
+        assert chat == first  # nothing new started: the chat is as it was before the press
+        assert box == ("Go on and on" if button == "send" else skipped)
+        assert ("back in the box" if button == "send" else "earlier reply is kept") in panel
+    else:
+        assert chat == box == skipped and panel == "x · stopped"
+        chat = dict(zip(OUT, job.outputs()[-1]))["chat"]  # the stopped reply as last shown
+        assert chat[:-2 if button == "send" else -1] == (first if button == "send" else first[:-1])
+        assert token_spans(chat[-1]) and chat[-1] != first[-1]
+    after = outputs(send(client, "And the next?", max_new_tokens=4))["chat"]
+    assert after[:len(chat)] == chat and len(after) == len(chat) + 2
+
+
 # ---------------------------------------------------------------- a bad GGUF file in a preset
 
 
@@ -156,3 +226,23 @@ def test_the_models_panel_shows_the_kv_cache_memory(client):
     final = outputs(send(client, "How much memory?", drafter="model", adaptive=False, max_new_tokens=8))
     line = next(line for line in final["models"].splitlines() if "KV caches" in line)
     assert "target" in line and "draft" in line and " MB" in line
+
+
+# ---------------------------------------------------------------- the history CSV's folders
+
+
+def test_a_sessions_history_folder_goes_when_its_session_ends_and_the_rest_at_exit(app_server):
+    client = Client(app_server.url, verbose=False)
+    outputs(send(client, "hi", max_new_tokens=4))  # the reply writes the session's history CSV
+    session = app_server.demo.state_holder[client.session_hash]
+    history = next(value for value in session.state_data.values() if isinstance(value, S.ReplyHistory))
+    folder = Path(history.csv_file()).parent
+    assert (folder / "reply-history.csv").is_file()
+    app_server.demo.state_holder.delete_state(client.session_hash)  # what gradio does when the session ends
+    assert not folder.exists()
+    # A session that never ends cleanly (the server stopped): its folder goes with the process's.
+    script = "import app_speedup as S; print(S.ReplyHistory().csv_file())"
+    written = Path(subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                                  check=True).stdout.strip())
+    assert written.name == "reply-history.csv" and not written.parent.exists()
+    assert not written.parent.parent.exists()

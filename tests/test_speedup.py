@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 
+import pandas as pd
 import pytest
 
 import app_speedup as S
@@ -206,6 +207,21 @@ def test_history_rows_and_csv(tmp_path):
         read = list(csv.DictReader(file))
     assert [r["#"] for r in read] == ["1", "2", "3"] and read[0]["speedup"] == "1.5" and read[1]["speedup"] == ""
     assert list(read[0]) == S.HISTORY_COLUMNS
+
+
+FORMULAS = ['=HYPERLINK("http://x","y")', "=1+1", "@SUM(1)", "+1+1", "-2+3", "\t=1+1", "\r\n=1+1",
+            " \t =cmd|' /C calc'!A0"]
+
+
+def test_formulas_in_prompts_are_neutralised_in_the_csv_and_read_back_as_text(tmp_path):
+    prompts = [*FORMULAS, "plain text", "a = b + c"]
+    rows = [S.history_row(n, prompt, "speculative", "prompt lookup", STATS, None) for n, prompt in enumerate(prompts, 1)]
+    read = pd.read_csv(S.write_history_csv(rows, str(tmp_path / "h.csv")), dtype=str, keep_default_na=False)
+    for row, prompt, cell in zip(rows, prompts, read["prompt"]):
+        # The text as the table shows it (whitespace normalised), behind a ' where it would be a formula.
+        assert cell == ("'" + row["prompt"] if prompt in FORMULAS else row["prompt"]), prompt
+    assert not any(cell.startswith(S.FORMULA_STARTS) for column in read for cell in read[column])
+    assert read["tokens"].tolist() == ["64"] * len(prompts) and read["#"].tolist()[:2] == ["1", "2"]
 
 
 def test_reply_history_writes_its_own_file():

@@ -101,7 +101,7 @@ def test_a_killed_run_resumes_where_it_stopped_and_ends_as_an_uninterrupted_one(
     whole = train(_settings(tiny_config, tmp_path / "a" / "head", data_work))
     settings = _settings(tiny_config, tmp_path / "b" / "head", data_work)
     assert train(settings, stop_after=2) is None  # "killed" after 2 steps
-    assert torch.load(Path(settings.work) / CHECKPOINT, weights_only=False)["progress"]["step"] == 2
+    assert torch.load(Path(settings.work) / CHECKPOINT, weights_only=True)["progress"]["step"] == 2
     resumed = train(settings)
     assert resumed["training"]["steps"] == whole["training"]["steps"] > 2
     a = load_file(str(tmp_path / "a" / "head" / "model.safetensors"))
@@ -119,6 +119,31 @@ def test_the_same_seed_gives_the_same_head_and_another_seed_another(tmp_path, ti
     train(TrainSettings("tiny-train", str(tmp_path / "other" / "head"), config=str(tiny_config), **{**QUICK, "seed": 1}))
     other = load_file(str(tmp_path / "other" / "head" / "model.safetensors"))
     assert not torch.equal(first["fc.weight"], other["fc.weight"])
+
+
+class _Planted:
+    """What a malicious checkpoint holds: unpickling it would run `touch <marker>`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_planted_pickle_checkpoint_is_refused_without_running_it(tmp_path, tiny_config, data_work):
+    settings = _settings(tiny_config, tmp_path / "d" / "head", data_work)
+    marker = tmp_path / "the-pickle-ran"
+    torch.save({"settings": settings.fingerprint(), "progress": _Planted(marker)}, Path(settings.work) / CHECKPOINT)
+    with pytest.raises(ValueError, match="holds more than tensors.*delete it") as caught:
+        train(settings)
+    assert not marker.exists(), "resuming ran code from the checkpoint"
+    assert "\n" not in str(caught.value) and "weights_only=False" not in str(caught.value)
+    (Path(settings.work) / CHECKPOINT).unlink()
+    assert train(settings, stop_after=1) is None  # a checkpoint of its own loads with weights_only
+    assert train(settings, stop_after=2) is None
 
 
 def test_resuming_with_other_settings_says_so(tmp_path, tiny_config, data_work):

@@ -4,6 +4,6 @@
 /v1/chat/completions). Gradio-free: starlette only (which gradio's FastAPI server runs on).
 """
 
-from .routes import API_KEY_ENV, ApiAccess, access_for, api_routes
+from .routes import API_KEY_ENV, MAX_BODY_BYTES, ApiAccess, access_for, api_routes, is_loopback
 
-__all__ = ["API_KEY_ENV", "ApiAccess", "access_for", "api_routes"]
+__all__ = ["API_KEY_ENV", "MAX_BODY_BYTES", "ApiAccess", "access_for", "api_routes", "is_loopback"]

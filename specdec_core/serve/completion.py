@@ -137,6 +137,8 @@ def _prompt_ids(models: LoadedModels, messages: list[dict], context_limit: int) 
         prompt_ids = chat_prompt_ids(models.tokenizer, messages)
     except ValueError as error:  # no chat template, or nothing to read
         raise bad_field("messages", f"{error}.") from None
+    except TypeError as error:  # text the tokenizer can't take (request.py refuses what it knows of)
+        raise bad_field("messages", f"The tokenizer can't read these messages ({error}): send plain text.") from None
     if len(prompt_ids) >= context_limit:
         raise ApiError(400, f"The messages are {len(prompt_ids)} tokens, more than the model's context of "
                             f"{context_limit}: send fewer or shorter messages.",

@@ -8,6 +8,8 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  type: str = "invalid_request_error") -> None:
+        # Messages quote what the client sent; a lone surrogate in it could not be encoded as UTF-8.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status = status
         self.message = message

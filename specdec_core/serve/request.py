@@ -4,17 +4,22 @@ value is a 400 naming the field and the range it takes."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
 from ..policy import DRAFT_LENGTH_BOUNDS
 from ..presets.config import AUTO, DRAFTERS
-from ..sampling import SamplingParams
+from ..sampling import MAX_SEED, MIN_TEMPERATURE, SamplingParams
 from .errors import ApiError, bad_field
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 MAX_DRAFT_LENGTH = DRAFT_LENGTH_BOUNDS[1]  # the engine's bound, as the app's slider
+# A chat request is 4 levels deep (body, messages, message, content parts); tools' JSON schemas
+# add some. Far deeper bodies only serve to exhaust the parser's recursion.
+MAX_JSON_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,36 @@ class ChatRequest:
     return_sources: bool
 
 
+def parse_json(raw: bytes) -> object:
+    """The body as JSON, nested at most MAX_JSON_DEPTH deep. ApiError 400 otherwise."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:  # nested far deeper than the limit: the parser gave up
+        body = None
+        depth = math.inf
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "The request body is not valid JSON.") from None
+    else:
+        depth = _depth(body)
+    if depth > MAX_JSON_DEPTH:
+        raise ApiError(400, f"The request body is nested more than {MAX_JSON_DEPTH} levels deep; a chat "
+                            "completion request needs a handful.")
+    return body
+
+
+def _depth(value: object) -> int:
+    """How deep lists and objects nest in a parsed JSON value (iteratively: no recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:  # one level past the limit is enough to refuse
+                stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def parse_chat_request(body: object, presets: Collection[str], default_max_tokens: int) -> ChatRequest:
     """The checked request. ApiError: 400 for a bad field, 404 for a model that is not a preset."""
     if not isinstance(body, dict):
@@ -51,11 +86,11 @@ def parse_chat_request(body: object, presets: Collection[str], default_max_token
     # max_completion_tokens is OpenAI's newer name for max_tokens; it wins when both are given.
     max_tokens = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     params = SamplingParams(
-        temperature=_number(body, "temperature", 1.0, low=0.0, high=2.0),
+        temperature=_temperature(body),
         top_p=_number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True),
         top_k=_integer(body, "top_k", 0, low=0),
         max_new_tokens=_integer(body, max_tokens, default_max_tokens, low=1),
-        seed=_integer(body, "seed", None),
+        seed=_integer(body, "seed", None, low=0, high=MAX_SEED),
     )
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
@@ -93,12 +128,23 @@ def _content(content: object, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return _text(content, where)
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return "".join(part["text"] for part in content)
+        return _text("".join(part["text"] for part in content), where)
     raise bad_field(where, f"{where} must be a string or a list of text parts "
                            "({\"type\": \"text\", \"text\": ...}); this server reads text only.")
+
+
+def _text(text: str, where: str) -> str:
+    """Text the tokenizer can take: JSON's \\uD800-style escapes can make a lone surrogate,
+    which is no character at all (the tokenizer fails on it with a TypeError)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise bad_field(where, f"{where} holds {text[error.start]!r} at index {error.start}, half of a UTF-16 "
+                               "surrogate pair, which is not text: send valid Unicode.") from None
+    return text
 
 
 def _stop(stop: object) -> tuple[str, ...]:
@@ -135,7 +181,7 @@ def _string(body: dict, name: str, default: str) -> str:
     value = body.get(name, default)
     if not isinstance(value, str):
         raise bad_field(name, f"{name} must be a string, got {value!r}.")
-    return value
+    return _text(value, name)
 
 
 def _boolean(body: dict, name: str, default: bool | None, prefix: str = "") -> bool | None:
@@ -160,11 +206,23 @@ def _integer(body: dict, name: str, default: int | None, low: int | None = None,
     return value
 
 
+def _temperature(body: dict) -> float:
+    """0 (greedy) or [MIN_TEMPERATURE, 2]: below the minimum, logits divided by the temperature
+    overflow float32 (see sampling.MIN_TEMPERATURE)."""
+    temperature = _number(body, "temperature", 1.0, low=0.0, high=2.0)
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise bad_field("temperature", f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, 2], got "
+                                       f"{temperature!r}: below {MIN_TEMPERATURE:g} sampling is greedy in all "
+                                       "but name, so send 0.")
+    return temperature
+
+
 def _number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
     value = body.get(name)
     if value is None:
         return default
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    # NaN compares false with everything, so it would pass the range checks below.
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value > high or value < low or (low_open and value == low):
         interval = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
         raise bad_field(name, f"{name} must be a number in {interval}, got {value!r}.")

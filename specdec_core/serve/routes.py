@@ -7,40 +7,48 @@ The routes are plain starlette routes, so the app can put them on the server gra
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import ipaddress
 import json
 import logging
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import anyio
 import torch
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from ..errors import DeviceBusy, LoadError, QueueFull
 from ..presets.config import AUTO
 from ..presets.holder import Cancelled, ModelHolder
 from .completion import Completion
 from .errors import ApiError
-from .request import ChatRequest, parse_chat_request
+from .request import ChatRequest, parse_chat_request, parse_json
 from .response import ChunkWriter, chat_completion
 
 log = logging.getLogger("specdec.api")
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 DISCONNECTED = 499  # nginx's "client closed request": nobody reads it, but logs show why
+# A request body larger than this is refused (413) before it is read whole: a context-length
+# conversation is a few hundred KB of JSON even for long-context models.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 @dataclass(frozen=True)
 class ApiAccess:
-    """Whether the API is on, and the key it requires (None: open)."""
+    """Whether the API is on, the key it requires (None: open), and the web pages besides the
+    server's own that may call it (their origins, as `http://localhost:3000`)."""
 
     enabled: bool
     key: str | None
+    allowed_origins: tuple[str, ...] = ()
 
     def launch_line(self, url: str) -> str:
         """The one line the app prints at launch about the API."""
@@ -51,27 +59,35 @@ class ApiAccess:
         return f"OpenAI-compatible API at {url.rstrip('/')}/v1 ({guard})"
 
 
-def access_for(host: str, share: bool, key: str | None) -> ApiAccess:
+def access_for(host: str, share: bool, key: str | None, allowed_origins: Collection[str] = ()) -> ApiAccess:
     """Open on the loopback address with no key; with a key, guarded; reachable from elsewhere
     (a share link, a non-loopback host) with no key: off, so no public link exposes an open
     generation endpoint."""
-    return ApiAccess(enabled=bool(key) or (_is_loopback(host) and not share), key=key or None)
+    return ApiAccess(enabled=bool(key) or (is_loopback(host) and not share), key=key or None,
+                     allowed_origins=tuple(_origin(o) for o in allowed_origins))
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether an address to serve on (or a Host name) only this machine can reach."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:  # a host name: it may resolve to anything
         return False
+
+
+def _origin(url: str) -> str:
+    """An origin as browsers send it: scheme://host[:port], lower case, no path or slash."""
+    parts = urlsplit(url.strip())
+    return f"{parts.scheme}://{parts.netloc}".lower() if parts.scheme and parts.netloc else url.strip().lower()
 
 
 def api_routes(holder: ModelHolder, presets: Collection[str], access: ApiAccess,
                default_max_tokens: int = 256) -> list[Route]:
     """The API's routes over the shared models (when off, they say how to turn it on)."""
     if not access.enabled:
-        return [Route("/v1/{path:path}", _api_off, methods=["GET", "POST"])]
+        return [Route("/v1", _api_off, methods=ALL_METHODS), Route("/v1/{path:path}", _api_off, methods=ALL_METHODS)]
     presets = list(presets)
 
     async def models(request: Request) -> Response:
@@ -89,20 +105,54 @@ def api_routes(holder: ModelHolder, presets: Collection[str], access: ApiAccess,
 
     async def chat_completions(request: Request) -> Response:
         try:
+            _check_origin(request, access)
             _check_key(request, access.key)
-            body = await _json_body(request)
+            _check_json_type(request)
+            body = parse_json(await _read_body(request))
             chat = parse_chat_request(body, presets, default_max_tokens)
         except ApiError as error:
             return error_response(error)
         return await _complete(request, holder, chat)
 
-    return [Route("/v1/models", models, methods=["GET"]),
-            Route("/v1/models/{model}", model, methods=["GET"]),
-            Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+    routes = [Route("/v1/models", _last_resort(models), methods=["GET"]),
+              Route("/v1/models/{model}", _last_resort(model), methods=["GET"]),
+              Route("/v1/chat/completions", _last_resort(chat_completions), methods=["POST"])]
+
+    async def elsewhere(request: Request) -> Response:
+        """Any other /v1 path or method, answered in OpenAI's shape (Starlette's is {"detail"})."""
+        for route in routes:
+            if route.matches(request.scope)[0] == Match.PARTIAL:  # the path, with another method
+                allowed = sorted(route.methods - {"HEAD"})
+                return error_response(ApiError(405, f"{request.method} is not allowed on {request.url.path}: "
+                                                    f"use {', '.join(allowed)}.", code="method_not_allowed"))
+        served = ", ".join(f"{min(r.methods - {'HEAD'})} {r.path}" for r in routes)
+        return error_response(ApiError(404, f"There is no {request.method} {request.url.path} here: this server "
+                                            f"answers {served}.", code="unknown_url"))
+
+    return [*routes, Route("/v1", _last_resort(elsewhere), methods=ALL_METHODS),
+            Route("/v1/{path:path}", _last_resort(elsewhere), methods=ALL_METHODS)]
+
+
+def _last_resort(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """The handler, with any error it did not expect turned into OpenAI's shape (a 500 with
+    one line) and one line in the log, never Starlette's plain-text 500 and a traceback."""
+
+    @functools.wraps(handler)
+    async def guarded(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as error:  # noqa: BLE001 - the last resort: every failure is one line
+            line = _first_line(error)
+            log.error("%s %s failed: %s", request.method, request.url.path, line)
+            return error_response(ApiError(500, f"Internal error ({line}); the server's log has this line.",
+                                           type="server_error"))
+
+    return guarded
 
 
 async def _answer(request: Request, access: ApiAccess, body: Callable[[], dict]) -> Response:
     try:
+        _check_origin(request, access)
         _check_key(request, access.key)
         return JSONResponse(body())
     except ApiError as error:
@@ -132,11 +182,52 @@ def _check_key(request: Request, key: str | None) -> None:
                             f"server was started with (--api-key or {API_KEY_ENV}).", code="invalid_api_key")
 
 
-async def _json_body(request: Request) -> object:
-    try:
-        return json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "The request body is not valid JSON.") from None
+def _check_origin(request: Request, access: ApiAccess) -> None:
+    """Refuse requests a web page sent from another site (cross-site request forgery).
+
+    Browsers send `Origin` with every cross-site request, including the "simple" ones they send
+    without asking first; SDKs and curl send none. The page's own origin is the server's: the
+    Host it called. While the API has no key that must be a loopback name, or a site whose name
+    resolves to 127.0.0.1 (DNS rebinding) would pass for the server itself."""
+    origin = request.headers.get("origin")
+    if origin is None or _origin(origin) in access.allowed_origins:
+        return
+    host = request.headers.get("host", "").lower()
+    own = urlsplit(origin.lower()).netloc == host and (access.key is not None or is_loopback(_host_name(host)))
+    if not own:
+        raise ApiError(403, f"Requests from the web page at {origin} are refused, so other sites can't use this "
+                            "server: to let that page call the API, start the app with --allowed-origins "
+                            f"{_origin(origin)}.", type="permission_error", code="origin_not_allowed")
+
+
+def _host_name(host: str) -> str:
+    """`127.0.0.1:7860` -> `127.0.0.1`, `[::1]:7860` -> `::1`."""
+    return urlsplit(f"//{host}").hostname or ""
+
+
+def _check_json_type(request: Request) -> None:
+    """A body must say it is JSON: a browser sends text/plain or form bodies cross-site without
+    asking the server first, and JSON only after the server's CORS rules allow it."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise ApiError(415, f"The body must be JSON sent with 'Content-Type: application/json' (got "
+                            f"{kind or 'no Content-Type'}).", code="unsupported_media_type")
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed MAX_BODY_BYTES."""
+    too_large = ApiError(413, f"The request body is over {MAX_BODY_BYTES // 2**20} MiB, this server's limit: send "
+                              "a shorter conversation.", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # ---------------------------------------------------------------- generating
@@ -248,6 +339,10 @@ def api_error(error: BaseException) -> ApiError:
     if isinstance(error, ValueError):  # a setting the engine refuses
         return ApiError(400, f"{error}.")
     log.error("chat completion failed", exc_info=error)
+    return ApiError(500, f"Generation failed ({_first_line(error)}); the server's console has the details.",
+                    type="server_error")
+
+
+def _first_line(error: BaseException) -> str:
     first = str(error).splitlines()[0] if str(error) else ""
-    return ApiError(500, f"Generation failed ({type(error).__name__}: {first}); the server's console has the "
-                         "details.", type="server_error")
+    return f"{type(error).__name__}: {first}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -303,7 +304,15 @@ def _resume(work: Path, settings: TrainSettings, head, optimizer, scheduler) -> 
     path = work / CHECKPOINT
     if not path.exists():
         return Progress()
-    state = torch.load(path, weights_only=False)
+    # weights_only: tensors and plain values only. A checkpoint is a file in a folder others may
+    # write to, and unpickling anything else could run code it names.
+    try:
+        state = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as error:
+        # torch's message goes on to say how to load it anyway; only its reason is kept.
+        reason = next((line.strip().split(". ")[0] for line in str(error).splitlines() if "Unsupported" in line), "")
+        raise ValueError(f"{path} holds more than tensors and plain values, so it is not loaded"
+                         f"{f' ({reason})' if reason else ''}: delete it to start the training afresh") from None
     refuse_other_settings(state["settings"], settings.fingerprint(), f"{path} is a run")
     head.load_state_dict(state["head"])
     optimizer.load_state_dict(state["optimizer"])
