@@ -202,7 +202,9 @@ def acceptance_frame(stats: Mapping | None) -> pd.DataFrame:
 def speedup_markdown(
     spec: Mapping | None, base: Mapping | None, identical: bool | None, low_precision: str | None = None
 ) -> str:
-    """The side-by-side result: speculative tokens/s over baseline tokens/s.
+    """The side-by-side result: the end-to-end speedup (tokens/s over tokens/s, both halves
+    having read the same prompt tokens alike), the decode-phase speedup (the rates after the
+    first token) and both times to first token.
 
     `identical` is None for sampled decoding, where outputs differ by design. `low_precision`:
     the target's dtype when it is bfloat16 or float16. Greedy outputs are identical in float32;
@@ -215,15 +217,26 @@ def speedup_markdown(
     base_tps = base.get("tokens_per_second") or 0.0
     if base_tps <= 0:
         return "Speedup: – (the baseline produced no tokens)"
-    line = f"**Speedup: {spec_tps / base_tps:.2f}×** (speculative {spec_tps:.1f} tok/s vs baseline {base_tps:.1f} tok/s)"
+    spec_decode = spec.get("decode_tokens_per_second") or 0.0
+    base_decode = base.get("decode_tokens_per_second") or 0.0
+    decode = f"{spec_decode / base_decode:.2f}×" if spec_decode > 0 and base_decode > 0 else "–"
+    line = (f"**Speedup: {spec_tps / base_tps:.2f}× end to end · {decode} decode phase** "
+            f"(end to end: speculative {spec_tps:.1f} tok/s vs baseline {base_tps:.1f} tok/s; "
+            f"after the first token: {spec_decode:.1f} vs {base_decode:.1f} tok/s)")
+    reading = (f"Time to first token: baseline {_seconds(base.get('ttft_s'))} · speculative "
+               f"{_seconds(spec.get('ttft_s'))} (both read the same prompt tokens)")
+    return f"{line}{_identity_note(identical, low_precision)}\n\n{reading}"
+
+
+def _identity_note(identical: bool | None, low_precision: str | None) -> str:
     if identical is None:
-        return line + " · sampling: the two outputs differ by design"
+        return " · sampling: the two outputs differ by design"
     if identical:
-        return line + " · outputs identical ✓"
+        return " · outputs identical ✓"
     if low_precision:
-        return line + (f" · outputs differ from a rounding tie on ({low_precision}: a 1-token step and a verify "
-                       "step can round a near-tie apart; in float32 they are identical)")
-    return line + " · outputs DIFFER ✗"
+        return (f" · outputs differ from a rounding tie on ({low_precision}: a 1-token step and a verify "
+                "step can round a near-tie apart; in float32 they are identical)")
+    return " · outputs DIFFER ✗"
 
 
 def models_markdown(description: str | None, notes: Sequence[str] = (), caches: str | None = None) -> str:

@@ -1,0 +1,89 @@
+"""The app's side-by-side comparison, timed through the app's own reply loop (`app._reply`):
+a short prompt and a long one (a text to summarize), each sent twice as a new conversation.
+
+    nice -n 19 python scripts/side_by_side_fairness.py          # smollm2-135m-local, prompt lookup
+
+Per run: both halves' time to first token, the speedup the pane shows, the end-to-end ratio
+(tokens/s over tokens/s) and the decode-phase ratio (tokens after the first round over the
+engine time after the first token), and whether the greedy outputs were identical. Issue 45:
+with the prompt read alike on both sides, the end-to-end figure lies between 1 and the
+decode-phase one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import app  # noqa: E402
+import app_speedup as S  # noqa: E402
+from specdec_core.presets.loading import load_preset  # noqa: E402
+
+SHORT = "Write a short story about a cat who learns to fly."
+
+
+def long_prompt(words: int) -> str:
+    """A pasted text to summarize: the start of docs/INTERFACES.md."""
+    text = " ".join((REPO / "docs" / "INTERFACES.md").read_text(encoding="utf-8").split()[:words])
+    return f"Summarize this text in three sentences:\n\n{text}"
+
+
+def first_round_tokens(sources: list[str]) -> int:
+    """Tokens of the first round: its accepted drafts and the target's token that closes it."""
+    for i, source in enumerate(sources):
+        if source != "draft":
+            return i + 1
+    return len(sources)
+
+
+def decode_rate(stats: dict, sources: list[str]) -> float:
+    after = len(sources) - first_round_tokens(sources)
+    seconds = stats["wall_s"] - stats["ttft_s"]
+    return after / seconds if after > 0 and seconds > 0 else 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="smollm2-135m-local")
+    parser.add_argument("--drafter", default="prompt_lookup")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--long-words", type=int, default=560, help="words of the long prompt (~1000 tokens)")
+    args = parser.parse_args()
+    models = load_preset(args.preset, compile=False, load_draft=args.drafter == "model")
+    halves: list[tuple[dict, list[str], list[int]]] = []
+    stream = app.stream_reply
+
+    def recording(*a, **k):  # the last update of each half: its stats, sources and tokens
+        for update in stream(*a, **k):
+            yield update
+        halves.append((update[2], list(update[4]), list(update[3])))
+
+    app.stream_reply = recording
+    settings = app.Settings(args.preset, args.drafter, 0.0, 1.0, 0, args.max_new_tokens, 5, True, False, True)
+    meter = app.Meter(S.BaselineBook(), S.ReplyHistory())
+    print("| prompt | baseline TTFT | speculative TTFT | pane shows | end-to-end | decode phase | identical |")
+    print("|---|---|---|---|---|---|---|")
+    for name, message in (("short", SHORT), ("long", long_prompt(args.long_words))):
+        for attempt in ("", ", again"):
+            halves.clear()
+            turns = [app.R.new_turn(message, baseline_pending=True)]
+            for view in app._reply(models, turns, settings, threading.Event(), meter):
+                last = view
+            (base, base_sources, base_ids), (spec, spec_sources, spec_ids) = halves
+            tokens = len(app.checked_prompt(models, turns))
+            shown = re.findall(r"\d+\.\d\d×", last.speedup)
+            print(f"| {tokens} tokens{attempt} | {base['ttft_s']:.2f} s | {spec['ttft_s']:.2f} s | "
+                  f"{' / '.join(shown)} | {spec['tokens_per_second'] / base['tokens_per_second']:.2f}x | "
+                  f"{decode_rate(spec, spec_sources) / decode_rate(base, base_sources):.2f}x | "
+                  f"{base_ids == spec_ids} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
