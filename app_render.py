@@ -128,6 +128,13 @@ def _seconds(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f} s"
 
 
+def duration(value: float | None) -> str:
+    """A time to first token: '35 ms' under a second (a kept cache makes them short), else '4.52 s'."""
+    if value is None:
+        return "–"
+    return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
 def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
     """The live numbers as a small markdown table.
 
@@ -223,8 +230,8 @@ def speedup_markdown(
     line = (f"**Speedup: {spec_tps / base_tps:.2f}× end to end · {decode} decode phase** "
             f"(end to end: speculative {spec_tps:.1f} tok/s vs baseline {base_tps:.1f} tok/s; "
             f"after the first token: {spec_decode:.1f} vs {base_decode:.1f} tok/s)")
-    reading = (f"Time to first token: baseline {_seconds(base.get('ttft_s'))} · speculative "
-               f"{_seconds(spec.get('ttft_s'))} (both read the same prompt tokens)")
+    reading = (f"Time to first token: baseline {duration(base.get('ttft_s'))} · speculative "
+               f"{duration(spec.get('ttft_s'))} (both read the same prompt tokens)")
     return f"{line}{_identity_note(identical, low_precision)}\n\n{reading}"
 
 

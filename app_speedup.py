@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from app_render import duration
 from specdec_core.theory import expected_tokens, predicted_speedup
 
 # Where a plain-decoding rate was measured (shown in the label: "measured in side-by-side").
@@ -305,8 +306,7 @@ def live_markdown(stats: Mapping | None, rate: BaselineRate | None, prediction: 
     if not stats:
         return "**Speedup now: –** · send a message: each speculative reply shows its speedup here"
     decode = decode_rate(stats)
-    ttft = stats.get("ttft_s")
-    first = f"Time to first token: {'–' if ttft is None else f'{ttft:.2f} s'} (reading the prompt; not in the figure)"
+    first = f"Time to first token: {duration(stats.get('ttft_s'))} (reading the prompt; not in the figure)"
     if baseline_reply:
         return (f"**Baseline reply** · plain decoding at {decode:.1f} tok/s after the first token: later "
                 f"speculative replies compare with this rate\n\n{first}")

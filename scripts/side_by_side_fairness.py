@@ -67,8 +67,9 @@ def main() -> int:
     app.stream_reply = recording
     settings = app.Settings(args.preset, args.drafter, 0.0, 1.0, 0, args.max_new_tokens, 5, True, False, True)
     meter = app.Meter(S.BaselineBook(), S.ReplyHistory())
-    print("| prompt | baseline TTFT | speculative TTFT | pane shows | end-to-end | decode phase | identical |")
-    print("|---|---|---|---|---|---|---|")
+    print("| prompt | baseline TTFT | speculative TTFT | pane shows | end-to-end | decode phase "
+          "| decode tok/s (baseline, speculative) | identical |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, message in (("short", SHORT), ("long", long_prompt(args.long_words))):
         for attempt in ("", ", again"):
             halves.clear()
@@ -81,6 +82,7 @@ def main() -> int:
             print(f"| {tokens} tokens{attempt} | {base['ttft_s']:.2f} s | {spec['ttft_s']:.2f} s | "
                   f"{' / '.join(shown)} | {spec['tokens_per_second'] / base['tokens_per_second']:.2f}x | "
                   f"{decode_rate(spec, spec_sources) / decode_rate(base, base_sources):.2f}x | "
+                  f"{decode_rate(base, base_sources):.1f}, {decode_rate(spec, spec_sources):.1f} | "
                   f"{base_ids == spec_ids} |", flush=True)
     return 0
 

@@ -187,7 +187,7 @@ def test_side_by_side_shows_both_ttfts_and_both_speedups():
     text = R.speedup_markdown(spec, base, True)
     assert text.startswith("**Speedup: 1.33× end to end · 2.00× decode phase** (end to end: speculative 13.3 tok/s "
                            "vs baseline 10.0 tok/s; after the first token: 26.0 vs 13.0 tok/s) · outputs identical ✓")
-    assert text.endswith("Time to first token: baseline 0.48 s · speculative 0.50 s (both read the same prompt tokens)")
+    assert text.endswith("Time to first token: baseline 480 ms · speculative 500 ms (both read the same prompt tokens)")
 
 
 def test_models_text_is_one_code_line_per_model():
