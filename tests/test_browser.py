@@ -115,9 +115,10 @@ def browser_flow(page, url: str, shots: Path, message: str, max_new_tokens: int 
     page.wait_for_selector("#chat-baseline", state="visible")
     send_and_wait(page, message)
     page.wait_for_function(
-        "() => /Speedup: \\d+\\.\\d\\d×/.test(document.querySelector('#speedup').innerText)",
-        timeout=TIMEOUT_MS)
+        "() => /Speedup: \\d+\\.\\d\\d× end to end · (\\d+\\.\\d\\d×|–) decode phase/"
+        ".test(document.querySelector('#speedup').innerText)", timeout=TIMEOUT_MS)
     assert "identical ✓" in page.inner_text("#speedup")
+    assert re.search(r"Time to first token: baseline [\d.]+ m?s · speculative [\d.]+ m?s", page.inner_text("#speedup"))
     base_text = check_spans(
         page.locator('#chat-baseline [data-testid="bot"] >> nth=-1').locator(".tok").evaluate_all(
             "spans => spans.map(s => ({cls: s.className, bg: getComputedStyle(s).backgroundColor,"
@@ -309,6 +310,52 @@ def test_live_speedup_race_and_history_in_a_real_browser(app_server, browser, tm
     finally:
         hook.remove()
         page.locator("#compare input").uncheck()
+        page.close()
+
+
+NOW_FIGURE = re.compile(r"Speedup now: (\d+\.\d\d)× · ([\d.]+) tok/s vs plain decoding ([\d.]+) tok/s, measured "
+                        r"in a baseline reply")
+
+
+def test_speedup_now_is_the_decode_phase_ratio_in_a_real_browser(app_server, browser, tmp_path):
+    """The "Speedup now" figure on a reply whose prompt came from the kept cache, and on one that read a long
+    prompt: in both, this reply's decode rate over the plain decode rate of a baseline reply at a
+    comparable length, the time to first token on a line of its own; the history row and its CSV
+    carry the same figures."""
+    import csv
+
+    words = "amber birch cedar dune ember fjord grove heath inlet juniper".split()
+    first, second = (" ".join(words[(i * step) % 10] for i in range(150)) for step in (3, 7))  # 270 tokens each
+    page = browser.new_page(viewport={"width": 1400, "height": 1400})
+    try:
+        page.goto(app_server.url)
+        page.wait_for_selector("#msg textarea")
+        page.wait_for_function("() => document.querySelector('#models').innerText.includes('target:')",
+                               timeout=TIMEOUT_MS)
+        set_number(page, "max-new-tokens", 24)
+        page.locator("#baseline input").check()
+        send_and_wait(page, first)  # the plain rate, measured at this prompt length
+        page.locator("#baseline input").uncheck()
+        shown = []
+        for message in (first, second):  # the kept cache holds the first prompt; the second is read whole
+            clear(page)
+            send_and_wait(page, message)
+            live = page.inner_text("#speedup-live")
+            figure, decode, plain = map(float, NOW_FIGURE.search(live).groups())
+            assert figure == pytest.approx(decode / plain, rel=0.02, abs=0.01), live
+            assert re.search(r"Time to first token: [\d.]+ m?s \(reading the prompt; not in the figure\)", live)
+            shown.append((figure, decode, plain))
+        with page.expect_download() as download:
+            page.click("#history-csv")
+        download.value.save_as(tmp_path / "history.csv")
+        with open(tmp_path / "history.csv", newline="", encoding="utf-8") as file:
+            rows = list(csv.DictReader(file))[-2:]
+        for row, (figure, decode, plain) in zip(rows, shown):
+            assert (float(row["speedup"]), float(row["decode tok/s"]), float(row["vs plain tok/s"])) == (
+                figure, decode, plain)
+            assert row["decode speedup"] == row["speedup"] and float(row["TTFT s"]) > 0
+            assert row["end-to-end speedup"] == ""  # only side by side measures a plain reply end to end
+    finally:
         page.close()
 
 
