@@ -235,7 +235,9 @@ def test_live_speedup_race_and_history_of_a_speculative_reply(client):
     spec = runs["speculative"]
     tokens = int(re.search(r"(\d+) tokens · done", final["stats"]).group(1))
     assert spec[0] == (0.0, 0) and spec[-1][1] == tokens and len(spec) >= 2
-    assert len(runs["baseline (measured rate)"]) == 2  # the measured rate's straight line
+    # the measured rate's straight line, from the reply's first point on (after the origin)
+    line = runs["baseline (measured rate)"]
+    assert len(line) == 3 and line[1] == spec[1] and line[2][0] == spec[-1][0]
     history = final["history"]
     assert history["headers"][:5] == ["#", "prompt", "mode", "drafter", "tokens"]
     assert len(history["data"]) == 1 and history["data"][0][2:4] == ["speculative", "prompt lookup"]
