@@ -148,6 +148,8 @@ def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
     if done:
         state = "cut at the context limit" if stats.get("finish_reason") == "length (context)" else "done"
     rows = [("Tokens/s", f"{stats.get('tokens_per_second', 0.0):.1f}")]
+    if stats.get("decode_tokens_per_second"):  # from the second round on
+        rows.append(("Tokens/s after the first token", f"{stats['decode_tokens_per_second']:.1f}"))
     drafted = stats.get("drafted_tokens", 0)
     if mode != "baseline":
         rate = stats.get("acceptance_rate", 0.0) if drafted else 0.0

@@ -29,8 +29,8 @@ SHORT = "Write a short story about a cat who learns to fly."
 
 
 def long_prompt(words: int) -> str:
-    """A pasted text to summarize: the start of docs/INTERFACES.md."""
-    text = " ".join((REPO / "docs" / "INTERFACES.md").read_text(encoding="utf-8").split()[:words])
+    """A pasted text to summarize: the start of models.yaml (its comments are prose)."""
+    text = " ".join((REPO / "models.yaml").read_text(encoding="utf-8").split()[:words])
     return f"Summarize this text in three sentences:\n\n{text}"
 
 
@@ -84,6 +84,18 @@ def main() -> int:
                   f"{decode_rate(spec, spec_sources) / decode_rate(base, base_sources):.2f}x | "
                   f"{decode_rate(base, base_sources):.1f}, {decode_rate(spec, spec_sources):.1f} | "
                   f"{base_ids == spec_ids} |", flush=True)
+    # Then "Speedup now" of a speculative reply alone: the long prompt again (read from the kept
+    # cache) and another long one (read whole), against the plain rates side by side recorded.
+    alone = app.Settings(args.preset, args.drafter, 0.0, 1.0, 0, args.max_new_tokens, 5, True, False, False)
+    print("\n| speculative reply | TTFT | Speedup now shown |\n|---|---|---|")
+    for name, message in (("long prompt, from the kept cache", long_prompt(args.long_words)),
+                          ("another long prompt, read whole", long_prompt(args.long_words).replace("three", "five"))):
+        halves.clear()
+        for view in app._reply(models, [app.R.new_turn(message)], alone, threading.Event(), meter):
+            last = view
+        figure = re.search(r"Speedup now: ([^*]+)\*\*", last.live).group(1)
+        print(f"| {name} | {halves[-1][0]['ttft_s']:.2f} s | {figure} |", flush=True)
+    print("\nThe last pane and panel as shown:\n", last.live, sep="\n")
     return 0
 
 

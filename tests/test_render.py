@@ -135,6 +135,8 @@ def test_stats_panel_shows_every_figure():
                      "0.50 s / 1.50 s (25% / 75%)", "40 tokens", "generating"]:
         assert expected in text
     assert "done" in R.stats_markdown(STATS, "speculative", done=True)
+    assert "| Tokens/s after the first token | 21.3 |" in R.stats_markdown(
+        dict(STATS, decode_tokens_per_second=21.3), "speculative")
 
 
 def test_baseline_panel_has_speed_but_no_acceptance():
