@@ -263,7 +263,7 @@ def failed_assumptions(prediction: Prediction, counts: RoundCounts, stats: Mappi
             reasons.append(f"plain decoding ran at {rate.tokens_per_second:.1f} tok/s, below the {implied:.1f} "
                            "tok/s its 1-token step implies (the theory counts a plain token as one step: "
                            "the rest is overhead per token)")
-    tokens, seconds = decode_phase(stats)
+    _, seconds = decode_phase(stats)
     if step_s and counts.rounds > 1 and seconds > 0:
         steps_per_round = seconds / (counts.rounds - 1) / step_s
         model = prediction.share * (prediction.g * prediction.c + prediction.v) + (1 - prediction.share)
