@@ -54,7 +54,13 @@ def main() -> int:
     parser.add_argument("--drafter", default="prompt_lookup")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--long-words", type=int, default=560, help="words of the long prompt (~1000 tokens)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (1 degrades gracefully on a machine shared with other work)")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     models = load_preset(args.preset, compile=False, load_draft=args.drafter == "model")
     halves: list[tuple[dict, list[str], list[int]]] = []
     stream = app.stream_reply
