@@ -201,9 +201,10 @@ def test_side_by_side_reads_the_prompt_alike_in_both_halves(long_context_server,
         end_to_end, decode = map(float, SIDE_BY_SIDE.search(final["speedup"]).groups())
         base_ttft, base_unit, spec_ttft, spec_unit = READING.search(final["speedup"]).groups()
         base_ttft, spec_ttft = seconds_of(base_ttft, base_unit), seconds_of(spec_ttft, spec_unit)
-        # the same order: within a factor of 3 (or a few ms apart, where a ms is noise)
-        assert max(base_ttft, spec_ttft) <= 3 * min(base_ttft, spec_ttft) + 0.005, final["speedup"]
-        assert min(1.0, decode) / 1.1 <= end_to_end <= max(1.0, decode) * 1.1, final["speedup"]
+        # the same order: within a factor of 3 (or 20 ms apart: a scheduler's hiccup on a shared
+        # machine); unfairly read, the long prompt's were 122 ms and 6 ms (1.78x end to end, 1.09x decode)
+        assert max(base_ttft, spec_ttft) <= 3 * min(base_ttft, spec_ttft) + 0.02, final["speedup"]
+        assert min(1.0, decode) / 1.2 <= end_to_end <= max(1.0, decode) * 1.2, final["speedup"]
         assert "outputs identical ✓" in final["speedup"]
         spec_text = "".join(t for _, t in token_spans(final["chat"][-1]))
         assert spec_text == "".join(t for _, t in token_spans(final["chat_baseline"][-1]))
