@@ -272,8 +272,8 @@ def _layout(presets: dict, preset: str, max_new_tokens: int) -> SimpleNamespace:
         with gr.Column(scale=2, elem_id="stats"):
             ui.live = gr.Markdown(S.live_markdown(None, None, None, 0.0), elem_id="speedup-live")
             ui.race = gr.LinePlot(S.race_frame([]), x="seconds", y="tokens", color="run",
-                                  color_map=S.RACE_COLOURS, title="Race: tokens against seconds",
-                                  x_title="seconds of engine time", y_title="tokens", height=220,
+                                  color_map=S.RACE_COLOURS, title="Race: tokens against seconds, after the first token",
+                                  x_title="seconds of engine time after the first token", y_title="tokens", height=220,
                                   elem_id="race-chart")
             ui.stats = gr.Markdown(R.stats_markdown(None, "speculative"), elem_id="stats-text")
             ui.plot = gr.BarPlot(R.acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
@@ -503,7 +503,9 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
     base_stats = base_ids = None
     base_points: list[tuple[float, int]] = []
     if settings.compare:  # baseline first, then speculative: each has the device to itself
-        engine_for(models, settings, baseline=False).share_reading(prompt_ids)  # both read it alike
+        # Both halves read the same prompt tokens from the same cache state: the kept cache is
+        # cropped to where the speculative engine would start, and back there after the baseline.
+        start = engine_for(models, settings, baseline=False).share_reading(prompt_ids)
         engine = engine_for(models, settings, baseline=True)
         chart = S.Throttle(PLOT_INTERVAL_S, time.monotonic)
         for text, markup, stats, token_ids, _ in stream_reply(engine, prompt_ids, params, stop):
@@ -517,6 +519,7 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
             return
         base_stats, base_ids = stats, list(token_ids)
         meter.book.record(preset, S.BaselineRate.of_reply(stats, S.SIDE_BY_SIDE, context, time.time()))
+        engine_for(models, settings, baseline=False).share_reading(prompt_ids, at_most=start)
 
     baseline_reply = settings.baseline and not settings.compare
     mode = settings.mode()
@@ -551,7 +554,7 @@ def _reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: th
                     if settings.compare else gr.skip())
     drafter = "none" if baseline_reply else dict((v, k) for k, v in DRAFTERS).get(settings.drafter, settings.drafter)
     kind = "side by side" if settings.compare else ("baseline" if baseline_reply else "speculative")
-    meter.log.add(S.history_row(len(meter.log.rows) + 1, turn["user"], kind, drafter, stats, live.rate))
+    meter.log.add(S.history_row(len(meter.log.rows) + 1, turn["user"], kind, drafter, stats, live.rate, base_stats))
     yield view(R.stats_markdown(stats, mode, done=True), R.acceptance_frame(stats), speedup_text, live_text,
                race(), history=S.history_frame(meter.log.rows), history_csv=meter.log.csv_file(),
                history_log=meter.log)
@@ -577,8 +580,9 @@ class _LiveSpeedup:
         if self.baseline_reply:
             return S.live_markdown(stats, None, None, now, baseline_reply=True)
         self.rate = self.book.choose(self.preset, self.context, self._plain_step(now))
-        prediction = S.predict(S.RoundCounts.of(sources), stats, self.costs.target)
-        return S.live_markdown(stats, self.rate, prediction, now)
+        counts = S.RoundCounts.of(sources)
+        prediction = S.predict(counts, stats, self.costs.target)
+        return S.live_markdown(stats, self.rate, prediction, now, counts=counts, step_s=self.costs.target(1))
 
     def finish(self, stats: dict, sources: list[str]) -> str:
         """The final figure; then what this reply measured goes into the book for later ones."""

@@ -136,6 +136,13 @@ def _seconds(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f} s"
 
 
+def duration(value: float | None) -> str:
+    """A time to first token: '35 ms' under a second (a kept cache makes them short), else '4.52 s'."""
+    if value is None:
+        return "–"
+    return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
 def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
     """The live numbers as a small markdown table.
 
@@ -149,6 +156,8 @@ def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
     if done:
         state = "cut at the context limit" if stats.get("finish_reason") == "length (context)" else "done"
     rows = [("Tokens/s", f"{stats.get('tokens_per_second', 0.0):.1f}")]
+    if stats.get("decode_tokens_per_second"):  # from the second round on
+        rows.append(("Tokens/s after the first token", f"{stats['decode_tokens_per_second']:.1f}"))
     drafted = stats.get("drafted_tokens", 0)
     if mode != "baseline":
         rate = stats.get("acceptance_rate", 0.0) if drafted else 0.0
@@ -216,7 +225,9 @@ def acceptance_frame(stats: Mapping | None) -> pd.DataFrame:
 def speedup_markdown(
     spec: Mapping | None, base: Mapping | None, identical: bool | None, low_precision: str | None = None
 ) -> str:
-    """The side-by-side result: speculative tokens/s over baseline tokens/s.
+    """The side-by-side result: the end-to-end speedup (tokens/s over tokens/s, both halves
+    having read the same prompt tokens alike), the decode-phase speedup (the rates after the
+    first token) and both times to first token.
 
     `identical` is None for sampled decoding, where outputs differ by design. `low_precision`:
     the target's dtype when it is bfloat16 or float16. Greedy outputs are identical in float32;
@@ -229,15 +240,26 @@ def speedup_markdown(
     base_tps = base.get("tokens_per_second") or 0.0
     if base_tps <= 0:
         return "Speedup: – (the baseline produced no tokens)"
-    line = f"**Speedup: {spec_tps / base_tps:.2f}×** (speculative {spec_tps:.1f} tok/s vs baseline {base_tps:.1f} tok/s)"
+    spec_decode = spec.get("decode_tokens_per_second") or 0.0
+    base_decode = base.get("decode_tokens_per_second") or 0.0
+    decode = f"{spec_decode / base_decode:.2f}×" if spec_decode > 0 and base_decode > 0 else "–"
+    line = (f"**Speedup: {spec_tps / base_tps:.2f}× end to end · {decode} decode phase** "
+            f"(end to end: speculative {spec_tps:.1f} tok/s vs baseline {base_tps:.1f} tok/s; "
+            f"after the first token: {spec_decode:.1f} vs {base_decode:.1f} tok/s)")
+    reading = (f"Time to first token: baseline {duration(base.get('ttft_s'))} · speculative "
+               f"{duration(spec.get('ttft_s'))} (both read the same prompt tokens)")
+    return f"{line}{_identity_note(identical, low_precision)}\n\n{reading}"
+
+
+def _identity_note(identical: bool | None, low_precision: str | None) -> str:
     if identical is None:
-        return line + " · sampling: the two outputs differ by design"
+        return " · sampling: the two outputs differ by design"
     if identical:
-        return line + " · outputs identical ✓"
+        return " · outputs identical ✓"
     if low_precision:
-        return line + (f" · outputs differ from a rounding tie on ({low_precision}: a 1-token step and a verify "
-                       "step can round a near-tie apart; in float32 they are identical)")
-    return line + " · outputs DIFFER ✗"
+        return (f" · outputs differ from a rounding tie on ({low_precision}: a 1-token step and a verify "
+                "step can round a near-tie apart; in float32 they are identical)")
+    return " · outputs DIFFER ✗"
 
 
 def models_markdown(description: str | None, notes: Sequence[str] = (), caches: str | None = None) -> str:

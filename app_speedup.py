@@ -1,6 +1,13 @@
 """The live speedup of the chat app: which plain-decoding rate a reply is compared with, the
 theory beside it, the race chart's data and the session's history of replies.
 
+Every speedup here compares decode with decode: a reply's decode rate (tokens after its first
+round, over the engine time after its first token; Stats.decode_tokens_per_second) over a plain
+decode rate measured at a comparable prompt length. The time to first token (the prompt
+reading, short when the kept cache already holds the conversation) is shown on its own line:
+folded into a rate it credits speculation with whatever reading it was spared. Only side by side,
+where both halves read the same prompt tokens alike, also gives an end-to-end figure.
+
 Pure functions and small classes over plain values (stat dicts, token sources, times), no
 gradio and no models, so they are unit-tested without a server. The app measures;
 this module chooses, labels and formats.
@@ -11,7 +18,8 @@ Where the plain-decoding rate comes from, best first (`BaselineBook.choose`):
 2. the engine's own plain steps: the policy times every target forward by size, so a round
    that decodes plainly measures a plain step directly (1 / its time is a plain rate);
 3. a short plain-decoding calibration run when the models load.
-Every figure shown was measured; with none measured the panel says so.
+Each only at a comparable prompt length (attention makes a step dearer as the context grows).
+Every figure shown was measured; with no comparable one measured the panel says so.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from specdec_core.theory import predicted_speedup
+from app_render import duration
+from specdec_core.theory import expected_tokens, predicted_speedup
 
 # Where a plain-decoding rate was measured (shown in the label: "measured in side-by-side").
 SIDE_BY_SIDE = "side-by-side"
@@ -55,20 +64,22 @@ RACE_DASHED_CSS = ('<style>#race-chart path[aria-roledescription="line mark"]'
 class BaselineRate:
     """A measured plain-decoding rate of one preset on this machine."""
 
-    tokens_per_second: float
+    tokens_per_second: float  # a decode rate: the prompt reading left out
     source: str  # SIDE_BY_SIDE | BASELINE_REPLY | PLAIN_STEPS | CALIBRATION
     measured_at: float  # time.time() when it was measured
     context_tokens: int  # prompt length it was measured at
-    detail: str = ""  # how, e.g. "24 tokens in 1.04 s" or "a plain step 41 ms"
+    detail: str = ""  # how, e.g. "23 tokens in 1.04 s after the first" or "a plain step 41 ms"
 
     @classmethod
     def of_reply(cls, stats: Mapping, source: str, context_tokens: int, now: float,
                  detail: str = "") -> BaselineRate | None:
-        """The rate of a finished plain reply (engine stats); None if it was too short to time."""
-        tokens, seconds = stats.get("new_tokens", 0), stats.get("wall_s", 0.0)
+        """The decode rate of a finished plain reply (engine stats): its tokens after the first
+        round over the time after its first token. None if too few came after it to time."""
+        tokens, seconds = decode_phase(stats)
         if tokens < MIN_TOKENS or seconds <= 0:
             return None
-        return cls(tokens / seconds, source, now, context_tokens, detail or f"{tokens} tokens in {seconds:.2f} s")
+        return cls(tokens / seconds, source, now, context_tokens,
+                   detail or f"{tokens} tokens in {seconds:.2f} s after the first")
 
     @classmethod
     def of_plain_step(cls, step_s: float | None, context_tokens: int, now: float) -> BaselineRate | None:
@@ -76,6 +87,20 @@ class BaselineRate:
         if not step_s or step_s <= 0:
             return None
         return cls(1.0 / step_s, PLAIN_STEPS, now, context_tokens, f"a plain step {step_s * 1e3:.0f} ms")
+
+
+def decode_phase(stats: Mapping) -> tuple[int, float]:
+    """(tokens, engine seconds) of a reply after its first token: what its decode rate divides
+    (the first round's tokens came within the time to first token)."""
+    tokens = int(stats.get("new_tokens", 0)) - int(stats.get("first_round_tokens", 1))
+    seconds = float(stats.get("wall_s", 0.0)) - float(stats.get("ttft_s") or 0.0)
+    return max(tokens, 0), seconds
+
+
+def decode_rate(stats: Mapping) -> float:
+    """Stats.decode_tokens_per_second of a stats dict (0.0 until a second round gave a token)."""
+    tokens, seconds = decode_phase(stats)
+    return tokens / seconds if tokens > 0 and seconds > 0 else 0.0
 
 
 def comparable(a: int, b: int) -> bool:
@@ -107,17 +132,16 @@ class BaselineBook:
             return (preset, source) in self._latest
 
     def choose(self, preset: str, context_tokens: int, live_plain: BaselineRate | None = None) -> BaselineRate | None:
-        """The rate to compare a reply with: see the module docstring for the order.
+        """The rate to compare a reply with (see the module docstring for the order), or None
+        when none was measured at a prompt length comparable with `context_tokens`.
 
         live_plain: a plain step measured during the running reply (fresher than any recorded).
         """
         with self._lock:
-            for rate in reversed(self._replies.get(preset, [])):
-                if comparable(rate.context_tokens, context_tokens):
-                    return rate
-            if live_plain is not None:
-                return live_plain
-            return self._latest.get((preset, PLAIN_STEPS)) or self._latest.get((preset, CALIBRATION))
+            candidates = [*reversed(self._replies.get(preset, [])), live_plain,
+                          self._latest.get((preset, PLAIN_STEPS)), self._latest.get((preset, CALIBRATION))]
+        return next((rate for rate in candidates
+                     if rate is not None and comparable(rate.context_tokens, context_tokens)), None)
 
 
 # ---------------------------------------------------------------- labels
@@ -145,7 +169,8 @@ _WHERE = {
 def baseline_label(rate: BaselineRate | None, now: float) -> str:
     """'vs plain decoding 23.1 tok/s, measured in side-by-side 2 min ago (96 tokens in 4.16 s)'."""
     if rate is None:
-        return "no plain-decoding rate measured yet: tick Baseline or side by side for one reply"
+        return ("no plain-decoding rate measured at a comparable prompt length yet: tick Baseline or "
+                "side by side for one reply")
     detail = f" ({rate.detail})" if rate.detail else ""
     return (f"vs plain decoding {rate.tokens_per_second:.1f} tok/s, {_WHERE[rate.source]} "
             f"{age_text(now - rate.measured_at)}{detail}")
@@ -216,53 +241,118 @@ def speedup(tokens_per_second: float, rate: BaselineRate | None) -> float | None
     return tokens_per_second / rate.tokens_per_second
 
 
+# A measured speedup this far above the prediction means an assumption of the theory failed;
+# within it, timing noise of a short reply is explanation enough.
+THEORY_TOLERANCE = 1.10
+
+
+def failed_assumptions(prediction: Prediction, counts: RoundCounts, stats: Mapping,
+                       rate: BaselineRate | None, step_s: float | None) -> list[str]:
+    """Which of the prediction's assumptions this reply broke, when it beat the prediction:
+    drafts kept independently at one rate a; plain decoding at one token per measured 1-token
+    step; rounds that cost what the averaged step timings say."""
+    reasons = []
+    drafting = counts.rounds - counts.plain_rounds
+    if drafting > 0:
+        measured = (counts.accepted + drafting) / drafting
+        independent = expected_tokens(prediction.a, prediction.g)
+        if measured > THEORY_TOLERANCE * independent:
+            reasons.append(f"acceptance came in streaks: {measured:.2f} tokens per drafting round, where drafts "
+                           f"kept independently at a = {prediction.a:.2f} give {independent:.2f}")
+    if rate is not None and step_s:
+        implied = 1.0 / step_s
+        if rate.tokens_per_second * THEORY_TOLERANCE < implied:
+            reasons.append(f"plain decoding ran at {rate.tokens_per_second:.1f} tok/s, below the {implied:.1f} "
+                           "tok/s its 1-token step implies (the theory counts a plain token as one step: "
+                           "the rest is overhead per token)")
+    _, seconds = decode_phase(stats)
+    if step_s and counts.rounds > 1 and seconds > 0:
+        steps_per_round = seconds / (counts.rounds - 1) / step_s
+        model = prediction.share * (prediction.g * prediction.c + prediction.v) + (1 - prediction.share)
+        if steps_per_round * THEORY_TOLERANCE < model:
+            reasons.append(f"rounds took {steps_per_round:.2f} steps each, less than the {model:.2f} the "
+                           "averaged step timings give")
+    return reasons
+
+
+def theory_line(prediction: Prediction | None, value: float | None, counts: RoundCounts | None = None,
+                stats: Mapping | None = None, rate: BaselineRate | None = None,
+                step_s: float | None = None) -> str:
+    """Leviathan's prediction beside the measured decode-phase speedup `value`: their ratio, or,
+    when the measurement beats the prediction by more than THEORY_TOLERANCE, why."""
+    if prediction is None:
+        return "Predicted (Leviathan et al.): – until a round drafts"
+    line = (f"Predicted (Leviathan et al.): {prediction.speedup:.2f}× from a = {prediction.a:.2f}, "
+            f"g = {prediction.g:.1f}, c = {prediction.c:.2f}, v = {prediction.v:.2f}, "
+            f"{prediction.share:.0%} of rounds drafting")
+    if value is None:
+        return line
+    ratio = value / prediction.speedup
+    if ratio <= THEORY_TOLERANCE:
+        return line + f" · efficiency {ratio:.0%} (measured / predicted)"
+    reasons = failed_assumptions(prediction, counts or RoundCounts(0, 0, 0, 0), stats or {}, rate, step_s)
+    why = "; ".join(reasons) if reasons else (
+        "none of its assumptions checked here failed (independent acceptance, a plain token per step, "
+        "the step costs): a short reply's timing noise can do this")
+    return line + f" · measured {value:.2f}× is {ratio - 1:.0%} above it: {why}"
+
+
 def live_markdown(stats: Mapping | None, rate: BaselineRate | None, prediction: Prediction | None,
-                  now: float, baseline_reply: bool = False) -> str:
-    """The #speedup-live panel: the speedup so far, where its baseline came from, the theory."""
+                  now: float, baseline_reply: bool = False, counts: RoundCounts | None = None,
+                  step_s: float | None = None) -> str:
+    """The #speedup-live panel: this reply's decode rate over a plain decode rate (where that
+    came from, how old), the time to first token on its own line, and the theory.
+
+    counts, step_s: this reply's rounds and the measured 1-token step, to say which assumption
+    failed when the measurement beats the theory."""
     if not stats:
         return "**Speedup now: –** · send a message: each speculative reply shows its speedup here"
-    tps = stats.get("tokens_per_second", 0.0)
+    decode = decode_rate(stats)
+    first = f"Time to first token: {duration(stats.get('ttft_s'))} (reading the prompt; not in the figure)"
     if baseline_reply:
-        return (f"**Baseline reply** · plain decoding at {tps:.1f} tok/s: later speculative replies "
-                "compare with this rate")
-    value = speedup(tps, rate)
+        return (f"**Baseline reply** · plain decoding at {decode:.1f} tok/s after the first token: later "
+                f"speculative replies compare with this rate\n\n{first}")
+    value = speedup(decode, rate)
     figure = "–" if value is None else f"{value:.2f}×"
-    lines = [f"**Speedup now: {figure}** · {tps:.1f} tok/s {baseline_label(rate, now)}"]
-    if prediction is None:
-        lines.append("Predicted (Leviathan et al.): – until a round drafts")
-    else:
-        efficiency = "" if value is None else f" · efficiency {value / prediction.speedup:.0%} (measured / predicted)"
-        lines.append(f"Predicted (Leviathan et al.): {prediction.speedup:.2f}× from a = {prediction.a:.2f}, "
-                     f"g = {prediction.g:.1f}, c = {prediction.c:.2f}, v = {prediction.v:.2f}, "
-                     f"{prediction.share:.0%} of rounds drafting{efficiency}")
-    return "\n\n".join(lines)
+    shown = f"{decode:.1f} tok/s" if decode > 0 else "– tok/s (until a second round)"
+    head = f"**Speedup now: {figure}** · {shown}{' ' if rate else ' · '}{baseline_label(rate, now)}"
+    if rate is not None:
+        head += " · both decode rates, after the first token"
+    return "\n\n".join([head, first, theory_line(prediction, value, counts, stats, rate, step_s)])
 
 
 def side_by_side_so_far(spec: Mapping, base: Mapping) -> str:
-    """The #speedup pane while the speculative half streams against the finished baseline."""
-    spec_tps, base_tps = spec.get("tokens_per_second", 0.0), base.get("tokens_per_second", 0.0)
-    if base_tps <= 0:
-        return "Speedup so far: – (the baseline produced no tokens)"
-    return (f"**Speedup so far: {spec_tps / base_tps:.2f}×** (speculative {spec_tps:.1f} tok/s vs "
-            f"baseline {base_tps:.1f} tok/s) · generating…")
+    """The #speedup pane while the speculative half streams against the finished baseline: the
+    decode-phase figure so far (the end-to-end one waits for the end)."""
+    spec_rate, base_rate = decode_rate(spec), decode_rate(base)
+    if base_rate <= 0:
+        return "Speedup so far: – (the baseline gave too few tokens to time its decoding)"
+    if spec_rate <= 0:
+        return "Speedup so far: – until the speculative half's second round · generating…"
+    return (f"**Speedup so far: {spec_rate / base_rate:.2f}× decode phase** (speculative {spec_rate:.1f} tok/s "
+            f"vs baseline {base_rate:.1f} tok/s after the first token) · generating…")
 
 
 # ---------------------------------------------------------------- the race chart
 
 
 def race_point(stats: Mapping) -> tuple[float, int]:
-    """(engine seconds, tokens) of a run so far."""
-    return float(stats.get("wall_s", 0.0)), int(stats.get("new_tokens", 0))
+    """(engine seconds after the first token, tokens) of a run so far: the curves start after
+    their prompt reading, so their slopes are the decode rates the speedups compare."""
+    ttft = stats.get("ttft_s")
+    seconds = float(stats.get("wall_s", 0.0)) - float(ttft or 0.0)
+    return max(seconds, 0.0), int(stats.get("new_tokens", 0))
 
 
 def race_frame(spec: Sequence[tuple[float, int]], base: Sequence[tuple[float, int]] = (),
                rate: BaselineRate | None = None, spec_run: str = SPECULATIVE_RUN) -> pd.DataFrame:
-    """Tokens against seconds for a LinePlot: the reply's curve and the baseline's.
+    """Tokens against seconds after the first token for a LinePlot: the reply's curve and the
+    baseline's.
 
     `base`: a real baseline run (side by side); without one, `rate` draws the measured plain
-    rate as a straight line from the origin to the reply's last second (MEASURED_RATE_RUN).
-    spec_run: the reply's series name (BASELINE_RUN for a baseline reply). A series with only
-    its origin draws nothing.
+    decode rate as a straight line from the reply's first point to its last second
+    (MEASURED_RATE_RUN). spec_run: the reply's series name (BASELINE_RUN for a baseline reply).
+    A series with only its origin draws nothing.
     """
     # Every series starts at the origin in every frame, used or not: the plot fixes its colours
     # and legend from the series of the first frame it draws, and would leave a new one invisible.
@@ -271,8 +361,9 @@ def race_frame(spec: Sequence[tuple[float, int]], base: Sequence[tuple[float, in
     if base:
         rows += [(s, n, BASELINE_RUN) for s, n in base]
     elif rate is not None and spec:
+        start = spec[0][1]  # the first round's tokens, at 0 s
         end = max(s for s, _ in spec)
-        rows.append((end, round(rate.tokens_per_second * end), MEASURED_RATE_RUN))
+        rows += [(0.0, start, MEASURED_RATE_RUN), (end, start + round(rate.tokens_per_second * end), MEASURED_RATE_RUN)]
     # Typed even when nearly empty: the plot fixes each axis's scale type from its first value.
     frame = pd.DataFrame(rows, columns=["seconds", "tokens", "run"])
     return frame.astype({"seconds": float, "tokens": int, "run": str})
@@ -280,17 +371,28 @@ def race_frame(spec: Sequence[tuple[float, int]], base: Sequence[tuple[float, in
 
 # ---------------------------------------------------------------- the history of replies
 
+# The first eleven are the columns of old CSVs, kept; "speedup" is the decode-phase figure the
+# panel showed ("Speedup now"), over "vs plain tok/s", a plain decode rate.
 HISTORY_COLUMNS = ["#", "prompt", "mode", "drafter", "tokens", "acceptance", "tokens per target forward",
-                   "tokens/s", "speedup", "vs plain tok/s", "baseline from"]
+                   "tokens/s", "speedup", "vs plain tok/s", "baseline from",
+                   "TTFT s", "decode tok/s", "decode speedup", "end-to-end speedup"]
 
 
 def history_row(number: int, prompt: str, mode: str, drafter: str, stats: Mapping,
-                rate: BaselineRate | None) -> dict:
-    """One reply's row. acceptance and speedup are empty where they mean nothing (a baseline
-    reply drafts nothing; no plain rate was measured)."""
-    value = speedup(stats.get("tokens_per_second", 0.0), rate) if drafter != "none" else None
+                rate: BaselineRate | None, base: Mapping | None = None) -> dict:
+    """One reply's row. acceptance and speedups are empty where they mean nothing (a baseline
+    reply drafts nothing; no comparable plain rate was measured). `base`: the baseline half's
+    stats in side by side, the only run that gives an end-to-end speedup (both halves read the
+    same prompt alike)."""
+    if base and drafter != "none":  # side by side: its own baseline half, not the book's rate
+        rate = BaselineRate(decode_rate(base), SIDE_BY_SIDE, 0.0, 0)
+    value = speedup(decode_rate(stats), rate) if drafter != "none" else None
+    end_to_end = None
+    if base and drafter != "none" and base.get("tokens_per_second", 0.0) > 0:
+        end_to_end = stats.get("tokens_per_second", 0.0) / base["tokens_per_second"]
     drafted = stats.get("drafted_tokens", 0)
     text = " ".join(prompt.split())
+    ttft = stats.get("ttft_s")
     return {
         "#": number,
         "prompt": text if len(text) <= 40 else text[:39] + "…",
@@ -303,6 +405,10 @@ def history_row(number: int, prompt: str, mode: str, drafter: str, stats: Mappin
         "speedup": "" if value is None else round(value, 2),
         "vs plain tok/s": "" if value is None else round(rate.tokens_per_second, 1),
         "baseline from": "" if value is None else rate.source,
+        "TTFT s": "" if ttft is None else round(ttft, 3),
+        "decode tok/s": round(decode_rate(stats), 1) if decode_rate(stats) > 0 else "",
+        "decode speedup": "" if value is None else round(value, 2),
+        "end-to-end speedup": "" if end_to_end is None else round(end_to_end, 2),
     }
 
 

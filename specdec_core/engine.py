@@ -125,6 +125,7 @@ class SpeculativeEngine:
                     context.append(token_id)
                     event = call.output.add(token_id, source, round_number)
                     stats.new_tokens += 1
+                    stats.first_round_tokens += round_number == 1
                     stats.wall_s = clock.pause()
                     if stats.ttft_s is None:
                         stats.ttft_s = stats.wall_s
@@ -156,16 +157,23 @@ class SpeculativeEngine:
     def _new_policy(self, draft_length: int, adaptive: bool, timed: bool) -> DraftLengthPolicy:
         return DraftLengthPolicy(draft_length, adaptive, timed=timed, drafter_chooses=self.drafter.chooses_length)
 
-    def share_reading(self, prompt_ids: list[int]) -> None:
-        """Crop the target's kept cache to where this engine would start reading `prompt_ids`,
-        so that an engine sharing the cache and run on the same prompt first (the app's
-        side-by-side baseline) reads it in the same call as this one. A token read in a call of
-        another size rounds apart in its last bits (the 4-bit layers' long calls, the stock
-        attention of prompts), and the two replies could then part at a tie of two logits; a
-        drafter that reads the target's features (EAGLE) makes this engine start further back."""
+    def share_reading(self, prompt_ids: list[int], at_most: int | None = None) -> int:
+        """Crop the target's kept cache to where this engine would start reading `prompt_ids`
+        (and to at most `at_most` tokens); returns how many tokens it keeps.
+
+        The app's side by side calls it before each half: before the baseline, an engine sharing
+        the cache, and before this engine's own half with the baseline's start as `at_most`. So
+        both halves read the same prompt tokens from the same cache state in one call of the
+        same size: their times to first token compare, and the greedy replies can't part at a
+        tie of two logits that a token read in a call of another size rounds apart in its last
+        bits (the 4-bit layers' long calls, the stock attention of prompts). A drafter that reads
+        the target's features (EAGLE) makes this engine start further back."""
         context = self._checked_prompt(prompt_ids)
         self.drafter.reset(context)
-        self._target.keep_shared(context, at_most=self.drafter.features_from())
+        start = self.drafter.features_from()
+        if at_most is not None:
+            start = at_most if start is None else min(start, at_most)
+        return self._target.keep_shared(context, at_most=start).length
 
     def forget(self) -> None:
         """Drop what the target and the drafter kept from earlier generations, so the next one

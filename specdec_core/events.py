@@ -38,6 +38,9 @@ class Stats:
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     ttft_s: float | None = None
+    # Tokens of the round that gave the first token (its kept drafts and the target's own): they
+    # came within the time to first token, so the decode rate counts only the tokens after them.
+    first_round_tokens: int = 0
     wall_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -60,6 +63,16 @@ class Stats:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """The decode-phase rate: tokens after the first round's, over the engine time after the
+        first token. The time to first token (reading the prompt, however much of it a kept cache
+        spared) is left out, so two replies that read different prompts compare; 0.0 until a
+        round after the first has given a token."""
+        tokens = self.new_tokens - self.first_round_tokens
+        seconds = self.wall_s - self.ttft_s if self.ttft_s is not None else 0.0
+        return tokens / seconds if tokens > 0 and seconds > 0 else 0.0
 
     def record_round(self, drafted: int, accepted: int, draft_s: float = 0.0, verify_s: float = 0.0) -> None:
         """Count one verification round in which `drafted` tokens were proposed."""
@@ -85,6 +98,7 @@ class Stats:
             "tokens_per_target_forward": self.tokens_per_target_forward,
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_second": self.tokens_per_second,
+            "decode_tokens_per_second": self.decode_tokens_per_second,
         }
 
 

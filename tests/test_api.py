@@ -165,7 +165,8 @@ def test_speculative_stats_and_timings_agree(client):
                 extra_body={"speculative": {"drafter": "model", "draft_length": 3, "adaptive": False}})
     spec, timings = reply.model_extra["speculative"], reply.model_extra["timings"]
     assert set(spec) >= {"drafter", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_acceptance_length",
-                         "acceptance_rate_per_position", "tokens_per_target_forward", "tokens_per_second", "ttft_s"}
+                         "acceptance_rate_per_position", "tokens_per_target_forward", "tokens_per_second", "ttft_s",
+                         "decode_tokens_per_second"}
     assert spec["drafter"] == "model" and spec["drafted_tokens"] > 0
     assert 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
     assert spec["acceptance_rate"] == pytest.approx(spec["accepted_tokens"] / spec["drafted_tokens"])
@@ -174,6 +175,11 @@ def test_speculative_stats_and_timings_agree(client):
     assert per_position == sorted(per_position, reverse=True)  # position i needs 1..i-1 accepted
     assert spec["mean_acceptance_length"] == pytest.approx(1 + sum(per_position))
     assert spec["tokens_per_target_forward"] > 0 and spec["tokens_per_second"] > 0 and spec["ttft_s"] > 0
+    # the decode phase: the tokens after the first round, at most all but the first, over the time
+    # after the first token (the reply's engine time is its tokens over its end-to-end rate)
+    tokens = reply.usage.completion_tokens
+    after_first = spec["decode_tokens_per_second"] * (tokens / spec["tokens_per_second"] - spec["ttft_s"])
+    assert 0 < after_first <= tokens - 1 + 1e-6 and after_first == pytest.approx(round(after_first), abs=1e-3)
     assert timings["draft_n"] == spec["drafted_tokens"] and timings["draft_n_accepted"] == spec["accepted_tokens"]
     assert timings["draft_n_accepted"] <= timings["draft_n"]
     assert timings["predicted_n"] == reply.usage.completion_tokens

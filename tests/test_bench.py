@@ -19,7 +19,8 @@ from tests.tiny_models import require
 
 SPEC_BENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench_questions.jsonl"
 FIGURES = ("tokens_per_second", "speedup_vs_hf_generate", "speedup_vs_ours_baseline", "mean_accepted_tokens",
-           "acceptance_rate", "identical_to_baseline")
+           "acceptance_rate", "identical_to_baseline", "ttft_s", "decode_tokens_per_second",
+           "decode_speedup_vs_hf_generate", "decode_speedup_vs_ours_baseline")
 
 
 # ---------------------------------------------------------------- theory (hand-computed values)
@@ -66,6 +67,31 @@ def test_acceptance_probability_ignores_tokens_after_a_rejection():
     assert counts.accepted / counts.drafted == pytest.approx(5 / 7)  # the engine's acceptance_rate
     assert counts.plain_rounds == 1 and counts.rejections == 1 and counts.rounds == 3
     assert counts.drafted_by_position == [2, 2, 2, 1] and counts.accepted_by_position == [2, 2, 1, 0]
+
+
+def test_decode_phase_leaves_the_first_token_out():
+    """The bench's decode figures are the app's: tokens after each run's first round over the time
+    after its first token; the speedups and the theory check compare them, not end-to-end rates."""
+    from specdec_core.bench.report import summarize
+    from specdec_core.bench.questions import Question
+
+    counts = RoundCounts()
+    counts.add(Run("m", [0] * 21, 3.0, [(0, 0)] * 21, ttft_s=1.0, first_round_tokens=1))  # 20 tokens in 2 s
+    counts.add(Run("m", [0] * 13, 1.5, [(4, 4)] + [(0, 0)] * 8, ttft_s=0.5, first_round_tokens=5))  # 8 in 1 s
+    assert (counts.decode_tokens, counts.decode_s, counts.ttft_s, counts.runs) == (28, 3.0, 1.5, 2)
+    # a long prompt read alike on both sides: 2x in the decode phase, far less end to end
+    question = Question("q1", "qa", "qa", "hi")
+    plain = Run("ours-baseline", [1] * 41, 4.0 + 40 / 10, [(0, 0)] * 41, ttft_s=4.0)
+    fast = Run("ours-lookup", [1] * 41, 4.0 + 40 / 20, [(3, 3)] * 10 + [(0, 0)], ttft_s=4.0)
+    runs = {("q1", "ours-baseline"): [plain], ("q1", "ours-lookup"): [fast]}
+    costs = {"qa": ProbedCosts(context_tokens=10, target_step_s=0.1, verify_s={1: 0.1, 3: 0.1},
+                               draft_step_s=None, lookup_s=0.0)}
+    report = summarize([question], runs, ["ours-baseline", "ours-lookup"], True, costs)
+    lookup = report["results"]["ours-lookup"]["qa"]
+    assert lookup["decode_speedup_vs_ours_baseline"] == pytest.approx(2.0)
+    assert lookup["speedup_vs_ours_baseline"] == pytest.approx(8.0 / 6.0)
+    assert lookup["ttft_s"] == 4.0 and lookup["decode_tokens_per_second"] == pytest.approx(20.0)
+    assert report["theory"]["ours-lookup"]["qa"]["measured_speedup"] == pytest.approx(2.0)
 
 
 def test_theory_check_prices_our_drafting_by_the_time_the_engine_measured():
@@ -183,7 +209,12 @@ def test_small_run_writes_every_file_with_the_contract_keys(tiny_run):
             figures = report["results"][method][category]
             assert set(FIGURES) <= set(figures), (method, category)
             assert figures["tokens_per_second"] > 0
+            assert 0 < figures["ttft_s"] and figures["decode_tokens_per_second"] > 0, (method, category)
     assert report["settings"]["questions"] == 2
+    markdown = (out / "results.md").read_text()
+    for section in ("## Decode-phase speedup over ours-baseline", "## Decode tokens per second",
+                    "## Time to first token"):
+        assert section in markdown
 
 
 def test_small_run_reports_the_bandwidth_ceiling_and_each_methods_share(tiny_run):
@@ -264,7 +295,7 @@ def test_small_run_has_a_theory_check_per_speculative_method(tiny_run):
 
 
 def test_traced_rounds_agree_with_the_engine_stats(tiny_app_config):
-    from specdec_core.bench.methods import OursMethod
+    from specdec_core.bench.methods import HF_ASSISTED, HFMethod, OursMethod
     from specdec_core.presets.loading import load_preset
     from specdec_core.sampling import SamplingParams
 
@@ -279,6 +310,12 @@ def test_traced_rounds_agree_with_the_engine_stats(tiny_app_config):
         assert counts.rounds == stats.target_forwards - 1  # less the prefill
         assert (counts.drafted, counts.accepted) == (stats.drafted_tokens, stats.accepted_tokens)
         assert run.new_tokens == stats.new_tokens
+        assert (run.ttft_s, run.first_round_tokens) == (stats.ttft_s, stats.first_round_tokens)
+    # Hugging Face's generate: its first token when the first decoding forward returned
+    hf = HFMethod(HF_ASSISTED, models.target, models.tokenizer, models.draft)
+    run = timed_run(hf, prompt, SamplingParams(max_new_tokens=12))
+    assert 0 < run.ttft_s < run.wall_s
+    assert run.first_round_tokens == run.rounds[0][1] + 1 and run.decode_phase[0] == 12 - run.first_round_tokens
 
 
 def test_engine_counted_rounds_equal_the_hook_trace_and_survive_compiled_steps(tiny_app_config):

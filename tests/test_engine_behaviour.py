@@ -145,11 +145,35 @@ def test_stats_add_up(target, smol_tokenizer, prompt_ids):
     assert s.tokens_per_target_forward == pytest.approx(30 / s.target_forwards)
     assert 0 < s.ttft_s <= s.wall_s and s.draft_s > 0 and s.verify_s > 0
     assert s.tokens_per_second == pytest.approx(30 / s.wall_s)
+    # the decode phase: the tokens after the first round (its accepted drafts and its own token)
+    first_round = next(i for i, src in enumerate(result.sources) if src != "draft") + 1
+    assert s.first_round_tokens == first_round
+    assert s.decode_tokens_per_second == pytest.approx((30 - first_round) / (s.wall_s - s.ttft_s))
     assert set(s.as_dict()) >= {
         "new_tokens", "target_forwards", "tokens_per_target_forward", "drafted_tokens", "accepted_tokens",
         "acceptance_rate", "accepted_by_position", "drafted_by_position", "draft_length", "ttft_s",
-        "wall_s", "tokens_per_second", "draft_s", "verify_s",
+        "wall_s", "tokens_per_second", "draft_s", "verify_s", "first_round_tokens", "decode_tokens_per_second",
     }
+
+
+def test_side_by_side_halves_read_the_same_prompt_tokens_from_the_same_cache_state(target, smol_tokenizer, prompt_ids):
+    """The app's side by side: share_reading before the baseline, and again with the baseline's
+    start before the speculative half, so the speculative engine reads the prompt's new tokens
+    itself (a prefill forward of its own) instead of finding them read by the baseline."""
+    from specdec_core.decoding.eager import CachedModel, KeptRunner
+
+    kept = KeptRunner(CachedModel, target)
+    plain = SpeculativeEngine(target, smol_tokenizer, kept=kept)
+    spec = SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter(), kept=kept)
+    spec.generate(prompt_ids[:6], greedy(4))  # an earlier turn: the cache holds a part of the prompt
+    start = spec.share_reading(prompt_ids)
+    assert 0 < start < len(prompt_ids) - 1
+    base = plain.generate(prompt_ids, greedy(12))
+    assert spec.share_reading(prompt_ids, at_most=start) == start  # back to where the baseline started
+    result = spec.generate(prompt_ids, greedy(12))
+    assert result.token_ids == base.token_ids
+    rounds = sum(source != "draft" for source in result.sources)
+    assert (plain.stats.target_forwards, spec.stats.target_forwards) == (1 + 12, 1 + rounds)  # each a prefill
 
 
 def test_stream_exposes_running_stats_and_stops_when_closed(target, smol_tokenizer, prompt_ids):

@@ -135,6 +135,8 @@ def test_stats_panel_shows_every_figure():
                      "0.50 s / 1.50 s (25% / 75%)", "40 tokens", "generating"]:
         assert expected in text
     assert "done" in R.stats_markdown(STATS, "speculative", done=True)
+    assert "| Tokens/s after the first token | 21.3 |" in R.stats_markdown(
+        dict(STATS, decode_tokens_per_second=21.3), "speculative")
 
 
 def test_baseline_panel_has_speed_but_no_acceptance():
@@ -170,7 +172,7 @@ def test_acceptance_frame_per_position():
 
 def test_speedup_text():
     base = dict(STATS, tokens_per_second=10.0)
-    assert "**Speedup: 2.00×**" in R.speedup_markdown(STATS, base, True)
+    assert "**Speedup: 2.00× end to end · – decode phase**" in R.speedup_markdown(STATS, base, True)
     assert "identical ✓" in R.speedup_markdown(STATS, base, True)
     assert "DIFFER" in R.speedup_markdown(STATS, base, False)
     tie = R.speedup_markdown(STATS, base, False, "bfloat16")  # on a GPU in bf16: say what it means
@@ -179,6 +181,15 @@ def test_speedup_text():
     assert "by design" in R.speedup_markdown(STATS, base, None)
     assert "side by side" in R.speedup_markdown(None, None, None)
     assert "no tokens" in R.speedup_markdown(STATS, dict(base, tokens_per_second=0.0), True)
+
+
+def test_side_by_side_shows_both_ttfts_and_both_speedups():
+    spec = dict(STATS, ttft_s=0.5, tokens_per_second=13.3, decode_tokens_per_second=26.0)
+    base = dict(STATS, ttft_s=0.48, tokens_per_second=10.0, decode_tokens_per_second=13.0)
+    text = R.speedup_markdown(spec, base, True)
+    assert text.startswith("**Speedup: 1.33× end to end · 2.00× decode phase** (end to end: speculative 13.3 tok/s "
+                           "vs baseline 10.0 tok/s; after the first token: 26.0 vs 13.0 tok/s) · outputs identical ✓")
+    assert text.endswith("Time to first token: baseline 480 ms · speculative 500 ms (both read the same prompt tokens)")
 
 
 def test_models_text_is_one_code_line_per_model():

@@ -62,10 +62,22 @@ class Run:
     # Seconds our engine spent drafting (proposals and the drafter's catch-up); None for methods
     # that don't say (Hugging Face's, llama.cpp), whose drafting cost the theory check probes.
     draft_s: float | None = None
+    # Seconds to the first token (the prompt reading and the first round), and that round's tokens:
+    # what the decode-phase figures leave out. None: not measured (the decode figures then count
+    # the whole run).
+    ttft_s: float | None = None
+    first_round_tokens: int = 1
 
     @property
     def new_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def decode_phase(self) -> tuple[int, float]:
+        """(tokens, seconds) after the first token: the tokens after the first round's."""
+        if self.ttft_s is None:
+            return self.new_tokens, self.wall_s
+        return max(self.new_tokens - self.first_round_tokens, 0), max(self.wall_s - self.ttft_s, 0.0)
 
 
 @dataclass
@@ -83,6 +95,10 @@ class RoundCounts:
     accepted_by_position: list[int] = field(default_factory=list)
     draft_s: float = 0.0  # drafting seconds our engine measured
     draft_measured: bool = True  # False once a run without them was added
+    runs: int = 0
+    ttft_s: float = 0.0  # summed over the runs
+    decode_tokens: int = 0  # tokens after each run's first round
+    decode_s: float = 0.0  # seconds after each run's first token
 
     def add(self, run: Run) -> None:
         if run.draft_s is None:
@@ -91,6 +107,11 @@ class RoundCounts:
             self.draft_s += run.draft_s
         self.new_tokens += run.new_tokens
         self.wall_s += run.wall_s
+        self.runs += 1
+        self.ttft_s += run.ttft_s if run.ttft_s is not None else run.wall_s
+        tokens, seconds = run.decode_phase
+        self.decode_tokens += tokens
+        self.decode_s += seconds
         for drafted, accepted in run.rounds:
             self.rounds += 1
             self.plain_rounds += drafted == 0
@@ -183,6 +204,7 @@ class LlamaCppMethod:
     It has no torch target to trace: every token counts as one plain round."""
 
     target = None  # nothing for trace_forwards to hook
+    ttft_s: float | None = None  # the latest run's time to its first token
 
     def __init__(self, gguf_path, tokenizer, target, threads: int | None = None, context_tokens: int = 4096) -> None:
         from llama_cpp import Llama
@@ -202,9 +224,12 @@ class LlamaCppMethod:
             raise ValueError("llamacpp runs greedy only in this bench (--temperature 0)")
         self.llm.reset()
         out: list[int] = []
+        started, self.ttft_s = time.perf_counter(), None
         for token in self.llm.generate(
             prompt_ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True
         ):
+            if self.ttft_s is None:  # the first token: the prompt read (timed_run reads it after the run)
+                self.ttft_s = time.perf_counter() - started
             if token in self._eos:
                 break
             out.append(int(token))
@@ -257,25 +282,31 @@ def timed_run(method, prompt_ids: list[int], params: SamplingParams) -> Run:
         start = time.perf_counter()
         token_ids = method.generate(prompt_ids, params)
         wall_s = time.perf_counter() - start
-        return Run(method.name, token_ids, wall_s, [(0, 0)] * len(token_ids))
+        return Run(method.name, token_ids, wall_s, [(0, 0)] * len(token_ids),
+                   ttft_s=getattr(method, "ttft_s", None))
     if isinstance(method, OursMethod):
         # Our engine counts its own rounds: a hook put on the model after compiling doesn't fire in compiled steps.
         start = time.perf_counter()
         token_ids = method.generate(prompt_ids, params)
         wall_s = time.perf_counter() - start
         stats = method.engine.stats
-        return Run(method.name, token_ids, wall_s, list(stats.rounds), draft_s=stats.draft_s)
-    with trace_forwards(method.target) as calls:
+        return Run(method.name, token_ids, wall_s, list(stats.rounds), draft_s=stats.draft_s,
+                   ttft_s=stats.ttft_s, first_round_tokens=stats.first_round_tokens)
+    ends: list[float] = []
+    with trace_forwards(method.target, ends) as calls:
         start = time.perf_counter()
         token_ids = method.generate(prompt_ids, params)
         wall_s = time.perf_counter() - start
     rounds = rounds_from_trace(calls, len(prompt_ids), len(prompt_ids) + len(token_ids))
-    return Run(method.name, token_ids, wall_s, rounds)
+    first_end = first_round_end(calls, ends, len(prompt_ids))
+    return Run(method.name, token_ids, wall_s, rounds, ttft_s=None if first_end is None else first_end - start,
+               first_round_tokens=rounds[0][1] + 1 if rounds else 1)
 
 
 @contextmanager
-def trace_forwards(model) -> Iterator[list[tuple[int, int]]]:
-    """Record (tokens in the cache, new input tokens) for every forward call of `model`."""
+def trace_forwards(model, ends: list[float] | None = None) -> Iterator[list[tuple[int, int]]]:
+    """Record (tokens in the cache, new input tokens) for every forward call of `model`, and into
+    `ends`, if given, the perf_counter time at which each call returned."""
     calls: list[tuple[int, int]] = []
 
     def hook(module, args, kwargs):
@@ -288,11 +319,23 @@ def trace_forwards(model) -> Iterator[list[tuple[int, int]]]:
         cached = cache.get_seq_length() if cache is not None else 0
         calls.append((int(cached), int(input_ids.shape[-1])))
 
-    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    handles = [model.register_forward_pre_hook(hook, with_kwargs=True)]
+    if ends is not None:
+        handles.append(model.register_forward_hook(lambda *_: ends.append(time.perf_counter())))
     try:
         yield calls
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
+
+
+def first_round_end(calls: list[tuple[int, int]], ends: list[float], prompt_len: int) -> float | None:
+    """When the first decoding forward returned (a traced run's first token; see rounds_from_trace
+    for which calls are prefills that yield nothing)."""
+    for (cached, inputs), end in zip(calls, ends):
+        if not (cached == 0 and inputs < prompt_len):
+            return end
+    return None
 
 
 def rounds_from_trace(calls: list[tuple[int, int]], prompt_len: int, final_len: int) -> list[tuple[int, int]]:

@@ -211,6 +211,7 @@ def _per_question(questions, prompts, runs, methods, identity) -> list[dict]:
                 "new_tokens": rs[0].new_tokens,
                 "wall_s": [r.wall_s for r in rs],
                 "median_wall_s": statistics.median(r.wall_s for r in rs),
+                "ttft_s": [r.ttft_s for r in rs],
                 "target_forwards": len(rs[0].rounds),
                 "identical_to_baseline": None if same is None else q.question_id not in same["mismatched_questions"],
             }
@@ -226,6 +227,7 @@ def _closing_lines(report: dict, out: Path) -> list[str]:
         lines.append(
             f"{method:>14}: {overall['tokens_per_second']:.1f} tokens/s"
             + (f", {vs:.2f}x hf-generate" if vs else "")
+            + f" ({overall['decode_tokens_per_second']:.1f} after the first token)"
             + f", {overall['mean_accepted_tokens']:.2f} tokens per target forward"
         )
     for t in report["targets"]:

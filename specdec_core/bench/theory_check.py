@@ -5,8 +5,9 @@ prompt of each category: a target 1-token step, a target verify step over 1 + k 
 each draft length k used, a draft-model 1-token step and a prompt-lookup search. Our engine's
 drafting cost is its own, timed during the runs (Stats.draft_s): that prices every drafter,
 the EAGLE head and the hybrid included, as it ran. The
-efficiency of a method is its measured speedup over its own plain decoding divided by the
-predicted one; what is missing to 1.0 is overhead the formula does not know about.
+efficiency of a method is its measured decode-phase speedup over its own plain decoding (the
+prompt reading, the same on both sides, left out: the formula prices decoding rounds) divided by
+the predicted one; what is missing to 1.0 is overhead the formula does not know about.
 """
 
 from __future__ import annotations
