@@ -1,4 +1,4 @@
-"""The app's side-by-side comparison, timed through the app's own reply loop (`app._reply`):
+"""The app's side-by-side comparison, timed through the app's own reply loop (`specdec_app.reply.reply`):
 a short prompt and a long one (a text to summarize), each sent twice as a new conversation.
 
     nice -n 19 python scripts/side_by_side_fairness.py          # smollm2-135m-local, prompt lookup
@@ -24,13 +24,16 @@ import argparse
 import re
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import app  # noqa: E402
-import app_speedup as S  # noqa: E402
+from specdec_app import reply as app  # noqa: E402  (the reply loop the app runs)
+from specdec_app import render as R  # noqa: E402
+from specdec_app import speedup as S  # noqa: E402
+from specdec_app.settings import Meter, Settings  # noqa: E402
 from specdec_core.presets.loading import load_preset  # noqa: E402
 
 SHORT = "Write a short story about a cat who learns to fly."
@@ -79,19 +82,20 @@ def main() -> int:
         halves.append((update[2], list(update[4]), list(update[3])))
 
     app.stream_reply = recording
-    settings = app.Settings(args.preset, args.drafter, 0.0, 1.0, 0, args.max_new_tokens, 5, True, False, True)
-    meter = app.Meter(S.BaselineBook(), S.ReplyHistory())
+    settings = Settings(preset=args.preset, drafter=args.drafter, temperature=0.0, top_p=1.0, top_k=0,
+                        max_new_tokens=args.max_new_tokens, draft_length=5, adaptive=True, baseline=False, compare=True)
+    meter = Meter(S.BaselineBook(), S.ReplyHistory())
     print("| prompt | baseline TTFT | speculative TTFT | pane shows | end-to-end | decode phase "
           "| decode tok/s (baseline, speculative) | identical |")
     print("|---|---|---|---|---|---|---|---|")
     for name, message in (("short", SHORT), ("long", long_prompt(args.long_words))):
         for attempt in ("", ", again"):
             halves.clear()
-            turns = [app.R.new_turn(message, baseline_pending=True)]
-            for view in app._reply(models, turns, settings, threading.Event(), meter):
+            turns = [R.new_turn(message, baseline_pending=True)]
+            for view in app.reply(models, turns, settings, threading.Event(), meter):
                 last = view
             (base, base_sources, base_ids), (spec, spec_sources, spec_ids) = halves
-            tokens = len(app.checked_prompt(models, turns))
+            tokens = len(app.checked_prompt(models.engine(drafter="none"), turns))
             shown = re.findall(r"\d+\.\d\d×", last.speedup)
             print(f"| {tokens} tokens{attempt} | {base['ttft_s']:.2f} s | {spec['ttft_s']:.2f} s | "
                   f"{' / '.join(shown)} | {spec['tokens_per_second'] / base['tokens_per_second']:.2f}x | "
@@ -100,12 +104,12 @@ def main() -> int:
                   f"{base_ids == spec_ids} |", flush=True)
     # Then "Speedup now" of a speculative reply alone: the long prompt again (read from the kept
     # cache) and another long one (read whole), against the plain rates side by side recorded.
-    alone = app.Settings(args.preset, args.drafter, 0.0, 1.0, 0, args.max_new_tokens, 5, True, False, False)
+    alone = replace(settings, compare=False)
     print("\n| speculative reply | TTFT | Speedup now shown |\n|---|---|---|")
     for name, message in (("long prompt, from the kept cache", long_prompt(args.long_words)),
                           ("another long prompt, read whole", long_prompt(args.long_words).replace("three", "five"))):
         halves.clear()
-        for view in app._reply(models, [app.R.new_turn(message)], alone, threading.Event(), meter):
+        for view in app.reply(models, [R.new_turn(message)], alone, threading.Event(), meter):
             last = view
         figure = re.search(r"Speedup now: ([^*]+)\*\*", last.live).group(1)
         print(f"| {name} | {halves[-1][0]['ttft_s']:.2f} s | {figure} |", flush=True)

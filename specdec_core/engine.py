@@ -8,23 +8,25 @@ last one, so one target forward over [last, d1..dk] yields the k+1 distributions
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from .acceptance import greedy_accept, speculative_accept
+from .chat import eos_token_ids
+from .decoding.base import context_limit
+from .decoding.eager import CachedModel, KeptRunner
+from .decoding.features import feature_tap
 from .detok import IncrementalDetokenizer
 from .drafter import Draft, Drafter
-from .decoding.features import feature_tap
+from .errors import PromptTooLong
 from .events import (
     BONUS, DRAFT, LENGTH, LENGTH_CONTEXT, RESAMPLED, STOP, TARGET, GenerationResult, Stats, TokenEvent,
 )
 from .policy import DEFAULT_DRAFT_LENGTH, DraftLengthPolicy
-from .chat import eos_token_ids
-from .decoding.base import context_limit
-from .decoding.eager import CachedModel, KeptRunner
 from .sampling import SamplingParams, make_generator, probabilities
+from .stop_text import StopText
 
 
 class SpeculativeEngine:
@@ -43,7 +45,6 @@ class SpeculativeEngine:
         drafter: Drafter | None = None,
         draft_length: int = DEFAULT_DRAFT_LENGTH,
         adaptive: bool = True,
-        stop_strings: Iterable[str] = (),
         make_runner: Callable[[object], CachedModel] = CachedModel,
         kept: KeptRunner | None = None,
     ) -> None:
@@ -63,7 +64,6 @@ class SpeculativeEngine:
         self._tap = feature_tap(self.target_model, self.drafter.feature_layers)
         self.draft_length = draft_length
         self.adaptive = adaptive
-        self.stop_strings = tuple(stop_strings)
         self.make_runner = make_runner
         if kept is not None and kept.model is not self.target_model:
             raise ValueError("the kept cache belongs to another model than this engine's target")
@@ -92,7 +92,7 @@ class SpeculativeEngine:
         Lazy: nothing runs between events unless the consumer asks for the next one, so a
         consumer that stops iterating (or closes the generator) stops the computation.
         """
-        context = self._checked_prompt(prompt_ids)
+        context = self.checked_prompt(prompt_ids)
         if params.seed is not None:
             # Reproducible: read the whole prompt, as a fresh engine would (a kept cache holds
             # earlier tokens computed in other chunks, which round differently).
@@ -105,13 +105,13 @@ class SpeculativeEngine:
             context=context,
             target=self._target.start(context, at_most=self.drafter.features_from()),  # a new generation
             policy=self._policy_for(params),
-            output=_Output(self.tokenizer, self.eos_ids, self.stop_strings, budget,
+            output=_Output(self.tokenizer, self.eos_ids, params.stop, budget,
                            length_reason=LENGTH if params.max_new_tokens <= room_in_context else LENGTH_CONTEXT),
             generator=make_generator(params.seed, self.target_model.device),
         )
         generation = self._target.generation  # only the latest generation may keep what it read
         self.drafter.use_costs(call.policy.costs)  # untimed with a seed: so are the drafter's choices
-        stats = self.stats = Stats(draft_length=call.policy.k)
+        stats = self.stats = Stats(draft_length=call.policy.k, prompt_tokens_read=len(context) - call.target.length)
         clock = _EngineClock()
         try:
             self._prefill(call)
@@ -147,6 +147,15 @@ class SpeculativeEngine:
                 self._target.finish(context)
                 self.drafter.release(context)
 
+    def step_s(self, tokens: int) -> float | None:
+        """What a target forward over `tokens` tokens costs now, as the draft policy measured it
+        (None until measured): the plain step (1) and the verify steps a speedup is predicted from."""
+        return self.policy.costs.target(tokens)
+
+    def measured_plain_step_s(self) -> float | None:
+        """The running average of this engine's measured 1-token steps (None before the first)."""
+        return self.policy.costs.target_s.get(1)
+
     def _policy_for(self, params: SamplingParams) -> DraftLengthPolicy:
         """The engine's learning policy; with a seed, a fresh one that ignores timings, so the
         draft lengths, and with them the random draws, depend only on the tokens."""
@@ -168,7 +177,7 @@ class SpeculativeEngine:
         tie of two logits that a token read in a call of another size rounds apart in its last
         bits (the 4-bit layers' long calls, the stock attention of prompts). A drafter that reads
         the target's features (EAGLE) makes this engine start further back."""
-        context = self._checked_prompt(prompt_ids)
+        context = self.checked_prompt(prompt_ids)
         self.drafter.reset(context)
         start = self.drafter.features_from()
         if at_most is not None:
@@ -218,15 +227,14 @@ class SpeculativeEngine:
         call.policy.costs.record_catch_up(lag, seconds)
         self.stats.draft_s += seconds
 
-    def _checked_prompt(self, prompt_ids: list[int]) -> list[int]:
+    def checked_prompt(self, prompt_ids: list[int]) -> list[int]:
+        """The prompt as a list of ints; ValueError if it is empty, PromptTooLong if the target
+        can't read it (and reply). The one check of a prompt's length: the app and the API call it."""
         context = [int(t) for t in prompt_ids]
         if not context:
             raise ValueError("prompt is empty: give at least one token (type a message)")
         if len(context) >= self.context_limit:
-            raise ValueError(
-                f"prompt is {len(context)} tokens but the model reads at most {self.context_limit}: "
-                "shorten it or clear the chat history"
-            )
+            raise PromptTooLong(len(context), self.context_limit)
         return context
 
     def _prefill(self, call: _Call) -> None:
@@ -306,7 +314,7 @@ class _Output:
         """length_reason: what running out of `budget` means (max_new_tokens, or the context)."""
         self._detok = IncrementalDetokenizer(tokenizer)
         self._eos_ids = eos_ids
-        self._stop_strings = stop_strings
+        self._text = StopText(stop_strings)  # the events' text: the reply up to the first stop string
         self._budget = budget
         self._length_reason = length_reason
         self.token_ids: list[int] = []
@@ -321,21 +329,18 @@ class _Output:
         return self._budget - len(self.token_ids)
 
     def add(self, token_id: int, source: str, round_number: int) -> TokenEvent:
+        """The event of the reply's next token. Its text is what the token makes certain of the
+        reply: without stop strings its own piece (the pieces add up to the full decode); with
+        them, text that could still begin a stop string waits for the next tokens."""
         self.token_ids.append(token_id)
-        text = self._detok.push(token_id)
-        if token_id in self._eos_ids or self._hit_stop_string(text):
+        text = self._text.push(self._detok.push(token_id))
+        if token_id in self._eos_ids or self._text.hit:
             self.finish_reason = STOP
         elif self.remaining <= 0:
             self.finish_reason = self._length_reason
         if self.done:
-            text += self._detok.flush()  # the pieces must add up to the full decode
+            text += self._text.push(self._detok.flush()) + self._text.flush()
         return TokenEvent(token_id=token_id, text=text, source=source, round=round_number)
-
-    def _hit_stop_string(self, delta: str) -> bool:
-        if not delta:
-            return False
-        text = self._detok.text
-        return any(s in text[-(len(s) + len(delta)) :] for s in self._stop_strings)
 
 
 class _EngineClock:

@@ -12,3 +12,13 @@ class DeviceBusy(RuntimeError):
 
 class QueueFull(DeviceBusy):
     """Too many generations already wait for the device; str(error) says to retry later."""
+
+
+class PromptTooLong(ValueError):
+    """A prompt of `tokens` tokens that the model can't read (it reads fewer than `limit`).
+    The app and the API say it in their own words; str(error) is the engine's one line."""
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        self.tokens, self.limit = tokens, limit
+        super().__init__(f"prompt is {tokens} tokens but the model reads at most {limit}: "
+                         "shorten it or clear the chat history")

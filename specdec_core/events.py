@@ -41,6 +41,8 @@ class Stats:
     # Tokens of the round that gave the first token (its kept drafts and the target's own): they
     # came within the time to first token, so the decode rate counts only the tokens after them.
     first_round_tokens: int = 0
+    # Prompt tokens the target read in this generation: those its kept cache didn't hold.
+    prompt_tokens_read: int = 0
     wall_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0

@@ -37,6 +37,9 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int | None = None
+    # Stop strings (OpenAI's rule): the reply ends before the first one it contains, which is
+    # left out of its text.
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf):
@@ -48,6 +51,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 means off), got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed}")
 

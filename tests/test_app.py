@@ -21,6 +21,8 @@ from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
 import app
+from specdec_app import render as R
+from specdec_app.settings import CONTROLS
 from specdec_core import SamplingParams
 from specdec_core.chat import chat_prompt_ids
 from tests.conftest import free_port
@@ -35,9 +37,9 @@ DEFAULTS = dict(preset="tiny", drafter="prompt_lookup", temperature=0.0, top_p=1
 
 
 def controls(**overrides) -> list:
-    """The control values in the order app.Settings (and the event inputs) take them."""
+    """The control values in the order the chat events take them (specdec_app.settings.CONTROLS)."""
     values = {**DEFAULTS, **overrides}
-    return [values[name] for name in app.Settings.__dataclass_fields__]
+    return [values[name] for name in CONTROLS]
 
 
 def send(client: Client, message: str, **overrides):
@@ -147,6 +149,7 @@ def test_side_by_side_runs_baseline_then_speculative(client):
 
 SIDE_BY_SIDE = re.compile(r"\*\*Speedup: (\d+\.\d\d)× end to end · (\d+\.\d\d)× decode phase\*\*")
 READING = re.compile(r"Time to first token: baseline ([\d.]+) (ms|s) · speculative ([\d.]+) (ms|s)")
+READ_ALIKE = re.compile(r"both read (\d+) prompt tokens")
 LONG_PRESET = """\
 auto_fallback: tiny-long
 presets:
@@ -187,24 +190,28 @@ def seconds_of(value: str, unit: str) -> float:
 
 @pytest.mark.parametrize("long_prompt", [False, True], ids=["short prompt", "long prompt"])
 def test_side_by_side_reads_the_prompt_alike_in_both_halves(long_context_server, smol_tokenizer, long_prompt):
-    """Both halves read the same prompt tokens from the same cache state: their times to first
-    token are of the same order, the end-to-end speedup lies between 1 and the decode-phase one
-    (the same prompt reading on both sides only pulls it toward 1), and greedy stays identical."""
+    """Both halves read the same prompt tokens from the same cache state (the pane says how many,
+    as each half's engine counted them): their times to first token are of the same order, the
+    end-to-end speedup lies between 1 and the decode-phase one (the same prompt reading on both
+    sides only pulls it toward 1; the slack is for a shared machine's timing noise on replies of
+    16 tokens), and greedy stays identical."""
     words = "the river carries salt and stone past seven quiet towns where lamps burn late".split()
     message = " ".join(words[(i * 5) % len(words)] for i in range(800)) if long_prompt else "Say something."
     prompt = chat_prompt_ids(smol_tokenizer, [{"role": "user", "content": message}])
     assert (len(prompt) >= 800) == long_prompt
     client = Client(long_context_server.url, verbose=False)
-    for _ in range(2):  # a fresh cache, then one that holds the previous conversation
+    for turn in range(2):  # a fresh cache, then one that holds the previous conversation
         final = outputs(client.submit(message, *controls(preset="tiny-long", compare=True, max_new_tokens=16),
                                       api_name="/send"))
         end_to_end, decode = map(float, SIDE_BY_SIDE.search(final["speedup"]).groups())
         base_ttft, base_unit, spec_ttft, spec_unit = READING.search(final["speedup"]).groups()
         base_ttft, spec_ttft = seconds_of(base_ttft, base_unit), seconds_of(spec_ttft, spec_unit)
-        # the same order: within a factor of 3 (or 20 ms apart: a scheduler's hiccup on a shared
+        read = int(READ_ALIKE.search(final["speedup"]).group(1))  # the same count on both sides
+        assert read > 0 and (read > 700 or turn or not long_prompt), final["speedup"]  # read whole at first
+        # the same order: within a factor of 3 (or 50 ms apart: a scheduler's hiccup on a shared
         # machine); unfairly read, the long prompt's were 122 ms and 6 ms (1.78x end to end, 1.09x decode)
-        assert max(base_ttft, spec_ttft) <= 3 * min(base_ttft, spec_ttft) + 0.02, final["speedup"]
-        assert min(1.0, decode) / 1.2 <= end_to_end <= max(1.0, decode) * 1.2, final["speedup"]
+        assert max(base_ttft, spec_ttft) <= 3 * min(base_ttft, spec_ttft) + 0.05, final["speedup"]
+        assert min(1.0, decode) / 1.5 <= end_to_end <= max(1.0, decode) * 1.5, final["speedup"]
         assert "outputs identical ✓" in final["speedup"]
         spec_text = "".join(t for _, t in token_spans(final["chat"][-1]))
         assert spec_text == "".join(t for _, t in token_spans(final["chat_baseline"][-1]))
@@ -274,7 +281,7 @@ def test_baseline_pane_keeps_every_turn(client):
     final = outputs(send(client, "Third", compare=True))
     pane = final["chat_baseline"]
     assert [m["role"] for m in pane] == ["user", "assistant"] * 3
-    assert [app.R.NO_BASELINE in text_of(m) for m in pane[1::2]] == [True, True, False]
+    assert [R.NO_BASELINE in text_of(m) for m in pane[1::2]] == [True, True, False]
     assert [text_of(m).endswith(f"{word}</span>") for m, word in zip(pane[::2], ("First", "Second", "Third"))] == [True] * 3
 
 
@@ -457,7 +464,10 @@ def test_out_of_memory_shows_what_to_do(app_server, client, monkeypatch):
 
     class RunsOutOfMemory:
         def __init__(self, engine):
-            self.engine, self.stats, self.policy = engine, engine.stats, engine.policy
+            self.engine, self.stats = engine, engine.stats
+
+        def __getattr__(self, name):  # the rest is the engine's
+            return getattr(self.engine, name)
 
         def stream(self, prompt_ids, params):
             for n, event in enumerate(self.engine.stream(prompt_ids, params)):

@@ -15,8 +15,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-import app_render as R
-import app_speedup as S
+from specdec_app import render as R
+from specdec_app import speedup as S
 from specdec_core.chat import chat_prompt_ids
 from tests.conftest import free_port
 from tests.test_app import OUT, REPO, controls, outputs, send, text_of, token_spans
@@ -241,7 +241,7 @@ def test_a_sessions_history_folder_goes_when_its_session_ends_and_the_rest_at_ex
     app_server.demo.state_holder.delete_state(client.session_hash)  # what gradio does when the session ends
     assert not folder.exists()
     # A session that never ends cleanly (the server stopped): its folder goes with the process's.
-    script = "import app_speedup as S; print(S.ReplyHistory().csv_file())"
+    script = "from specdec_app import speedup as S; print(S.ReplyHistory().csv_file())"
     written = Path(subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
                                   check=True).stdout.strip())
     assert written.name == "reply-history.csv" and not written.parent.exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import app_render as R
+from specdec_app import render as R
 from tests.tiny_models import require
 
 DEBIAN_CHROMIUM = "/usr/bin/chromium"

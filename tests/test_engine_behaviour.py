@@ -78,9 +78,20 @@ def test_stop_string_ends_the_reply(target, smol_tokenizer, prompt_ids):
     full = SpeculativeEngine(target, smol_tokenizer).generate(prompt_ids, greedy(24)).text
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     assert stop.strip(), "the reply needs visible text to pick a stop string from"
-    engine = SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter(), stop_strings=[stop])
-    text = engine.generate(prompt_ids, greedy(24)).text
-    assert stop in text and full.startswith(text) and len(text) < len(full)
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=PromptLookupDrafter())
+    result = engine.generate(prompt_ids, SamplingParams(max_new_tokens=24, stop=(stop,)))
+    assert result.text == full[: full.index(stop)]  # OpenAI's rule: the reply ends before the stop string
+    assert result.stats.finish_reason == "stop" and len(result.token_ids) < 24
+
+
+def test_text_that_may_begin_a_stop_string_waits_and_the_pieces_add_up(target, smol_tokenizer, prompt_ids):
+    plain = list(SpeculativeEngine(target, smol_tokenizer).stream(prompt_ids, greedy(24)))
+    full = "".join(e.text for e in plain)
+    absent = full[:8] + "\u2603"  # begins as the reply does, never completed
+    held = list(SpeculativeEngine(target, smol_tokenizer).stream(prompt_ids,
+                                                                  SamplingParams(max_new_tokens=24, stop=(absent,))))
+    assert "".join(e.text for e in held) == full  # held back while it might stop, then released
+    assert [e.text for e in held] != [e.text for e in plain] and held[0].text == ""
 
 
 def test_fixed_draft_length_drafts_every_round(target, smol_tokenizer, prompt_ids):

@@ -83,3 +83,42 @@ def test_the_check_sees_relative_imports():
 def test_a_folder_imported_by_its_own_name_counts_as_that_folder():
     assert _folder("drafters") == "drafters" and _folder("drafters.eagle") == "drafters"
     assert _folder("engine") == "" and _folder("decoding.eager") == "decoding"
+
+
+# ---------------------------------------------------------------- the UI (specdec_app/) and app.py
+
+APP = PACKAGE.parent / "specdec_app"
+# Bottom up: pure formatting and flags, what an event reads and updates, one reply, where the
+# elements sit, what each control does (and build_ui), the package's face.
+APP_LAYERS = {"render": 0, "speedup": 1, "stops": 0, "settings": 2, "reply": 3, "layout": 4, "wiring": 5,
+              "__init__": 6}
+
+
+def _app_imports(path: Path) -> list[str]:
+    """specdec_app modules that `path` imports (relative imports, one level)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found += [node.module] if node.module else [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdec_app."):
+            found.append(node.module.removeprefix("specdec_app."))
+    return found
+
+
+def test_every_ui_module_has_its_place_and_imports_only_below_it():
+    modules = {p.stem for p in APP.glob("*.py")}
+    assert modules == set(APP_LAYERS), f"a new UI module needs its place in APP_LAYERS: {modules ^ set(APP_LAYERS)}"
+    upward = [f"{path.name} imports {name}" for path in APP.glob("*.py") for name in _app_imports(path)
+              if APP_LAYERS[name] >= APP_LAYERS[path.stem]]
+    assert not upward, "UI imports that point up or sideways:\n" + "\n".join(upward)
+
+
+def test_specdec_core_never_imports_gradio_or_the_ui():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            offenders += [f"{path.relative_to(PACKAGE)} imports {n}" for n in names
+                          if n.split(".")[0] in ("gradio", "specdec_app", "app")]
+    assert not offenders, "\n".join(offenders)

@@ -65,7 +65,7 @@ def test_packing_keeps_the_real_models_greedy_text(smollm2):
 
 
 def test_where_packing_cant_be_done_the_models_load_stock_and_a_note_says_why(tiny_presets, monkeypatch):
-    from specdec_core import packed_linear
+    from specdec_core.kernels import packed_linear
     from specdec_core.presets import loading
 
     monkeypatch.setattr(packed_linear, "packing_problem", lambda: "measured faster on x86-64 only, this is arm64")

@@ -1,4 +1,4 @@
-"""Unit tests of the app's formatting (app_render.py): escaping, colours, legend, panel text."""
+"""Unit tests of the app's formatting (specdec_app/render.py): escaping, colours, legend, panel text."""
 
 import html
 import re
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import app_render as R
+from specdec_app import render as R
 
 SPAN = re.compile(r'<span class="tok tok-(\w+)" style="([^"]*)">(.*?)</span>', re.S)
 
@@ -184,12 +184,14 @@ def test_speedup_text():
 
 
 def test_side_by_side_shows_both_ttfts_and_both_speedups():
-    spec = dict(STATS, ttft_s=0.5, tokens_per_second=13.3, decode_tokens_per_second=26.0)
-    base = dict(STATS, ttft_s=0.48, tokens_per_second=10.0, decode_tokens_per_second=13.0)
+    spec = dict(STATS, ttft_s=0.5, tokens_per_second=13.3, decode_tokens_per_second=26.0, prompt_tokens_read=812)
+    base = dict(STATS, ttft_s=0.48, tokens_per_second=10.0, decode_tokens_per_second=13.0, prompt_tokens_read=812)
     text = R.speedup_markdown(spec, base, True)
     assert text.startswith("**Speedup: 1.33× end to end · 2.00× decode phase** (end to end: speculative 13.3 tok/s "
                            "vs baseline 10.0 tok/s; after the first token: 26.0 vs 13.0 tok/s) · outputs identical ✓")
-    assert text.endswith("Time to first token: baseline 480 ms · speculative 500 ms (both read the same prompt tokens)")
+    assert text.endswith("Time to first token: baseline 480 ms · speculative 500 ms (both read 812 prompt tokens)")
+    unfair = R.speedup_markdown(dict(spec, prompt_tokens_read=1), base, True)  # what a shared cache did
+    assert unfair.endswith("(the baseline read 812 prompt tokens, the speculative reply 1)")
 
 
 def test_models_text_is_one_code_line_per_model():
@@ -202,16 +204,19 @@ def test_models_text_is_one_code_line_per_model():
 
 
 def test_render_module_does_not_import_torch():
-    code = "import sys, app_render; assert 'torch' not in sys.modules and 'gradio' not in sys.modules"
+    code = "import sys; from specdec_app import render; assert 'torch' not in sys.modules and 'gradio' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 
 
-def test_the_app_knows_when_a_greedy_difference_can_be_a_rounding_tie():
+def test_the_loaded_models_say_when_a_greedy_difference_can_be_a_rounding_tie():
     import torch
 
-    import app
+    from specdec_core.presets.loaded import LoadedModels
     from tests.tiny_models import tiny_llama
 
+    def loaded(model) -> LoadedModels:
+        return LoadedModels(preset=None, tokenizer=None, target=model, draft=None, info=[])
+
     model = tiny_llama(seed=0, vocab=100)
-    assert app._low_precision(model) is None  # fp32: identical or a bug
-    assert app._low_precision(model.to(torch.bfloat16)) == "bfloat16"
+    assert loaded(model).low_precision() is None  # fp32: identical or a bug
+    assert loaded(model.to(torch.bfloat16)).low_precision() == "bfloat16"

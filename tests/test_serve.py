@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdec_core.events import Stats
-from specdec_core.serve.completion import StopText
+from specdec_core.stop_text import StopText
 from specdec_core.serve.errors import ApiError
 from specdec_core.serve.request import parse_chat_request
 from specdec_core.serve.response import speculative, timings
@@ -50,12 +50,12 @@ def body(**fields) -> dict:
 def test_defaults_and_extensions():
     request = parse_chat_request(body(), ["tiny"], default_max_tokens=64)
     assert request.params.temperature == 1.0 and request.params.max_new_tokens == 64
-    assert request.stop == () and not request.stream and not request.return_sources
+    assert request.params.stop == () and not request.stream and not request.return_sources
     assert request.speculative.drafter is None
     request = parse_chat_request(body(max_tokens=5, max_completion_tokens=7, stop="x", top_k=3, seed=1.0,
                                       speculative={"drafter": "none", "draft_length": 2, "adaptive": False},
                                       stream=True, stream_options={"include_usage": True}), ["tiny"], 64)
-    assert request.params.max_new_tokens == 7 and request.stop == ("x",) and request.params.top_k == 3
+    assert request.params.max_new_tokens == 7 and request.params.stop == ("x",) and request.params.top_k == 3
     assert request.params.seed == 1 and request.include_usage and request.stream
     assert (request.speculative.drafter, request.speculative.draft_length, request.speculative.adaptive) == (
         "none", 2, False)

@@ -1,4 +1,4 @@
-"""The live speedup's pure parts (app_speedup.py): which plain rate a reply is compared with,
+"""The live speedup's pure parts (specdec_app/speedup.py): which plain rate a reply is compared with,
 its label, the theory beside it, the race chart's data and the history's rows and CSV."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import csv
 import pandas as pd
 import pytest
 
-import app_speedup as S
+from specdec_app import speedup as S
 from specdec_core.theory import predicted_speedup
 
 NOW = 1_000_000.0

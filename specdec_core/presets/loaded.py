@@ -72,7 +72,6 @@ class LoadedModels:
         drafter: str | None = None,
         draft_length: int | None = None,
         adaptive: bool | None = None,
-        stop_strings: tuple[str, ...] = (),
     ):
         """A SpeculativeEngine over the target; None arguments take the preset's defaults.
 
@@ -94,7 +93,6 @@ class LoadedModels:
             drafter=built,
             draft_length=draft_length,
             adaptive=adaptive,
-            stop_strings=stop_strings,
             make_runner=target_path,
             kept=self._kept_cache("target", target_path),
         )
@@ -164,6 +162,18 @@ class LoadedModels:
         draft = _decode_path(self.path("draft")) if self.draft is not None else target
         return target if draft == target else f"target {target}, draft {draft}"
 
+    def low_precision(self) -> str | None:
+        """What the target computes in if greedy identity with plain decoding can break at a
+        rounding tie: bf16 or fp16 weights, or GGUF weights on int4 kernels (which compute in
+        bf16) without row-exact attention (with it, a verify step breaks every tie as a 1-token
+        step does). None: greedy speculative output is identical, or it is a bug."""
+        name = str(getattr(self.target, "dtype", "")).removeprefix("torch.")
+        if name in ("bfloat16", "float16"):
+            return name
+        if not uses_row_exact_attention(self.target) and gguf_weight_summary(self.target):
+            return "bfloat16 int4 kernels"
+        return None
+
     def describe(self) -> str:
         """One line per model: parameters, memory, device, dtype, quantization, load time, decode path."""
         lines = []
@@ -177,23 +187,28 @@ class LoadedModels:
         return "\n".join(lines)
 
     def _drafter(self, kind: str):
-        from ..drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+        """A new drafter of the kind named in DRAFTERS (None for "none")."""
+        from ..drafters import PromptLookupDrafter
 
+        builders = {"model": self._model_drafter, "prompt_lookup": PromptLookupDrafter,
+                    "eagle": self._eagle_drafter, "hybrid": self._hybrid_drafter, "none": lambda: None}
         if kind not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}")
-        if kind == "none":
-            return None
-        if kind == "prompt_lookup":
-            return PromptLookupDrafter()
-        if kind == "eagle":
-            return self._eagle_drafter()
-        if kind == "hybrid":
-            if self.eagle_head is not None:
-                return HybridDrafter(self._eagle_drafter())
-            if self.draft is None:
-                raise LoadError(f"preset {self.preset.name} has no EAGLE head and no draft model for hybrid "
-                                f"({self._eagle_missing()}): use drafter prompt_lookup")
-            return HybridDrafter(self._drafter("model"))
+        return builders[kind]()
+
+    def _hybrid_drafter(self):
+        from ..drafters import HybridDrafter
+
+        if self.eagle_head is not None:
+            return HybridDrafter(self._eagle_drafter())
+        if self.draft is None:
+            raise LoadError(f"preset {self.preset.name} has no EAGLE head and no draft model for hybrid "
+                            f"({self._eagle_missing()}): use drafter prompt_lookup")
+        return HybridDrafter(self._model_drafter())
+
+    def _model_drafter(self):
+        from ..drafters import ModelDrafter
+
         if self.draft is None:
             missing = "has no draft model" if self.preset.draft is None else "was loaded without its draft model"
             raise LoadError(f"preset {self.preset.name} {missing}: use drafter prompt_lookup or none")

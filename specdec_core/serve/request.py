@@ -35,8 +35,7 @@ class Speculative:
 class ChatRequest:
     model: str
     messages: list[dict]  # [{"role", "content": str}], roles in ROLES
-    params: SamplingParams
-    stop: tuple[str, ...]
+    params: SamplingParams  # the stop strings too (params.stop)
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with `usage`
     speculative: Speculative
@@ -91,6 +90,7 @@ def parse_chat_request(body: object, presets: Collection[str], default_max_token
         top_k=_integer(body, "top_k", 0, low=0),
         max_new_tokens=_integer(body, max_tokens, default_max_tokens, low=1),
         seed=_integer(body, "seed", None, low=0, high=MAX_SEED),
+        stop=_stop(body.get("stop")),
     )
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
@@ -99,7 +99,6 @@ def parse_chat_request(body: object, presets: Collection[str], default_max_token
         model=model,
         messages=_messages(body.get("messages")),
         params=params,
-        stop=_stop(body.get("stop")),
         stream=_boolean(body, "stream", False),
         include_usage=_boolean(stream_options, "include_usage", False, "stream_options."),
         speculative=_speculative(body.get("speculative")),

@@ -246,8 +246,11 @@ def speedup_markdown(
     line = (f"**Speedup: {spec_tps / base_tps:.2f}× end to end · {decode} decode phase** "
             f"(end to end: speculative {spec_tps:.1f} tok/s vs baseline {base_tps:.1f} tok/s; "
             f"after the first token: {spec_decode:.1f} vs {base_decode:.1f} tok/s)")
+    read = (base.get("prompt_tokens_read"), spec.get("prompt_tokens_read"))
+    alike = f"both read {read[0]} prompt tokens" if read[0] == read[1] else \
+        f"the baseline read {read[0]} prompt tokens, the speculative reply {read[1]}"
     reading = (f"Time to first token: baseline {duration(base.get('ttft_s'))} · speculative "
-               f"{duration(spec.get('ttft_s'))} (both read the same prompt tokens)")
+               f"{duration(spec.get('ttft_s'))} ({alike})")
     return f"{line}{_identity_note(identical, low_precision)}\n\n{reading}"
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from app_render import duration
+from .render import duration
 from specdec_core.theory import expected_tokens, predicted_speedup
 
 # Where a plain-decoding rate was measured (shown in the label: "measured in side-by-side").
