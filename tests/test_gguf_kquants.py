@@ -325,3 +325,31 @@ def test_the_bundled_models_ffn_down_requantised_runs_on_the_kernel_as_ggufs_ref
         y = down(x)
         assert ((y - x @ weight.T).abs() <= 0.01 * (x.abs() @ weight.abs().T) + 1e-6).all()
 
+
+
+@pytest.mark.parametrize("kind", ON_THE_KERNEL)
+def test_lean_decoder_layers_run_a_k_quant_model_bitwise_as_transformers_layers_do(tmp_path, kind):
+    """A Q4_K (or Q5_K: each layer reads its input twice) model: q, k and v stack into one kernel
+    call, gate and up into another, and every step's logits are transformers' own, bitwise."""
+    _kernel_available()
+    from specdec_core.decoding.eager import CachedModel
+    from specdec_core.kernels.lean_layers import use_lean_layers, uses_lean_layers
+    from specdec_core.kernels.row_attention import use_row_exact_attention
+
+    model = tiny_llama(seed=5, vocab=512, init=0.05, hidden_size=256, intermediate_size=512,
+                       num_attention_heads=4, num_key_value_heads=2)
+    layers = model.config.num_hidden_layers
+    parts = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    path = tmp_path / f"tiny-{kind}.gguf"
+    _write_k_quant_file(path, model, {f"blk.{i}.{part}.weight": kind for i in range(layers) for part in parts})
+    assert use_gguf_weights(model, path, include_head=False).swapped == {kind: 7 * layers}
+    assert use_row_exact_attention(model) is None
+    lean = copy.deepcopy(model)
+    assert use_lean_layers(lean) is None and uses_lean_layers(lean)
+    runners = CachedModel(model), CachedModel(lean)
+    tokens = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    start = 0
+    for size in (20, 1, 2, 5, 1):  # a prompt (transformers' layer), then steps (the lean one)
+        logits = [runner.forward(tokens[start : start + size]) for runner in runners]
+        assert torch.equal(*logits), size
+        start += size

@@ -203,21 +203,23 @@ class Int4Linear(nn.Module):
         layer's `packed` becomes a view of it, so no weight is held twice. The kernel computes
         each output column alone, so the stacked call gives bitwise each layer's own output where
         the packing's blocks of rows don't straddle two layers: checked on a probe here. None
-        where it does not hold (nothing is changed then)."""
+        where it does not hold (nothing is changed then). The layers must read their input alike
+        (all once, or all twice as Q8_0 and Q5_K do)."""
         first = layers[0]
-        if any(layer.bias is not None or layer.reads_input != 1 or layer.in_features != first.in_features
-               for layer in layers):
+        if any(layer.bias is not None or layer.reads_input != first.reads_input
+               or layer.in_features != first.in_features for layer in layers):
             return None
         stack = cls.__new__(cls)
         nn.Module.__init__(stack)
         stack.out_features, stack.in_features = sum(layer.out_features for layer in layers), first.in_features
-        stack.reads_input, stack.gguf_type = 1, "+".join(sorted({layer.gguf_type for layer in layers}))
+        stack.reads_input, stack.gguf_type = first.reads_input, "+".join(sorted({layer.gguf_type for layer in layers}))
         stack.register_buffer("packed", torch.cat([layer.packed for layer in layers]))
         stack.register_buffer("scales_and_zeros", torch.cat([layer.scales_and_zeros for layer in layers], dim=1))
         stack.register_buffer("bias", None)
         blocks = {layer.packing_block for layer in layers}
         stack.packing_block = blocks.pop() if len(blocks) == 1 else None
-        probe = torch.randn(3, first.in_features, generator=torch.Generator().manual_seed(0)).to(_KERNEL_DTYPE)
+        probe = torch.randn(3, first.in_features * first.reads_input,
+                            generator=torch.Generator().manual_seed(0)).to(_KERNEL_DTYPE)
         if not torch.equal(stack.kernel(probe), torch.cat([layer.kernel(probe) for layer in layers], dim=1)):
             return None
         start = 0
