@@ -1,4 +1,4 @@
-"""K-quant GGUF tensors (Q4_K, Q5_K, Q6_K) on the 4-bit CPU path (specdec_core/kernels/int4_linear.py).
+"""K-quant GGUF tensors (Q4_K, Q5_K, Q6_K) on the int4 CPU kernel (specdec_core/kernels/int4_linear.py).
 
 gguf's own dequantisation (gguf.quants.dequantize, what transformers loads a GGUF file with) is the
 reference. gguf has no K-quant quantiser, so the blocks are built here field by field (k_quantise:
@@ -26,7 +26,8 @@ from specdec_core.kernels.int4_linear import (
 )
 from tests.tiny_models import require, tiny_llama
 
-ON_THE_KERNEL = ("Q4_K", "Q5_K")
+ON_THE_KERNEL = ("Q4_K", "Q5_K", "Q6_K")
+READS = {"Q4_K": 1, "Q5_K": 2, "Q6_K": 4}  # times a layer reads its input
 
 
 def _kernel_available():
@@ -124,7 +125,7 @@ def test_the_hand_built_blocks_are_blocks_of_their_type(type_name, levels):
     assert error > 0
 
 
-# ---------------------------------------------------------------- Q4_K and Q5_K on the kernel
+# ---------------------------------------------------------------- on the kernel
 
 
 @pytest.mark.parametrize("type_name", ON_THE_KERNEL)
@@ -132,7 +133,7 @@ def test_decoded_k_blocks_equal_ggufs_dequantisation(type_name):
     raw = k_quantise(_weight(40, 3 * SUPER_BLOCK, seed=2), type_name)
     groups = decode_blocks(raw, type_name)
     assert groups.q.min() >= 0 and groups.q.max() <= 15
-    assert groups.reads_input == (1 if type_name == "Q4_K" else 2)
+    assert groups.reads_input == READS[type_name]
     torch.testing.assert_close(groups.dequantise(), _reference(raw, type_name), rtol=1e-6, atol=1e-7)
 
 
@@ -202,11 +203,13 @@ def _write_k_quant_file(path, model, types: dict[str, str]) -> None:
 
 def _q4_k_m_like(layers: int) -> dict[str, str]:
     """Types as llama.cpp's Q4_K_M mixes them: Q4_K, with Q6_K for some ffn_down and the output,
-    and a Q5_K here for attn_v and the other ffn_down (as in a Q5_K_M file)."""
+    and a Q5_K here for attn_v and the other ffn_down (as in a Q5_K_M file); one layer left F32
+    (a type with no int4 form)."""
     types = {}
     for i in range(layers):
         for part in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
-            types[f"blk.{i}.{part}.weight"] = "Q4_K"
+            if (i, part) != (1, "attn_output"):
+                types[f"blk.{i}.{part}.weight"] = "Q4_K"
         types[f"blk.{i}.attn_v.weight"] = "Q5_K"
         types[f"blk.{i}.ffn_down.weight"] = "Q6_K" if i == 0 else "Q5_K"
     types["output.weight"] = "Q6_K"
@@ -229,17 +232,18 @@ def test_the_written_file_holds_k_quant_tensors(k_quant_model):
     assert {"Q4_K", "Q5_K", "Q6_K"} <= kinds
 
 
-def test_q4_k_and_q5_k_layers_of_a_file_run_on_the_kernel_and_q6_k_stays_fp32_saying_what_it_costs(k_quant_model):
+def test_the_k_quant_layers_of_a_file_run_on_the_kernel_and_another_type_says_what_it_costs(k_quant_model):
     _kernel_available()
     model, path = k_quant_model
     four_bit = copy.deepcopy(model)
     swap = use_gguf_weights(four_bit, path)
     assert swap.problem is None
-    assert swap.swapped == {"Q4_K": 10, "Q5_K": 3}  # q, k, o, gate, up x2; v x2, one ffn_down
-    assert set(swap.kept) == {"model.layers.0.mlp.down_proj", "lm_head"}
-    (why,) = set(swap.kept.values())
-    assert why.startswith("GGUF type Q6_K:") and "fp32" in why and "0.82" in why and "\n" not in why
-    assert type(four_bit.lm_head) is nn.Linear
+    assert swap.swapped == {"Q4_K": 9, "Q5_K": 3, "Q6_K": 2}  # q, k, o, gate, up x2 but one; v x2, down x2; head
+    assert list(swap.kept) == ["model.layers.1.self_attn.o_proj"]
+    (why,) = swap.kept.values()
+    assert why.startswith("GGUF type F32: no int4 form here") and "row-exact" in why and "\n" not in why
+    assert type(four_bit.model.layers[1].self_attn.o_proj) is nn.Linear
+    assert four_bit.lm_head.gguf_type == "Q6_K" and four_bit.lm_head.reads_input == 4
     assert four_bit.model.layers[1].mlp.down_proj.gguf_type == "Q5_K"
     assert four_bit.model.layers[0].self_attn.q_proj.gguf_type == "Q4_K"
     # the model on its 4-bit layers: logits near the reference model's (bf16 inputs and scales)
@@ -249,9 +253,8 @@ def test_q4_k_and_q5_k_layers_of_a_file_run_on_the_kernel_and_q6_k_stays_fp32_sa
     assert (ours - reference).abs().amax() <= 0.02 * reference.abs().amax()
 
 
-def test_a_type_without_an_int4_form_is_one_line_saying_what_to_do(k_quant_model, tmp_path):
+def test_a_type_without_an_int4_form_is_one_line_saying_what_to_do(tmp_path):
     """A Q2_K-like case: here the file's F32 layers (any type outside HANDLED_TYPES takes this path)."""
-    model, _ = k_quant_model
     _kernel_available()
     plain = tiny_llama(seed=3, vocab=512, hidden_size=256, intermediate_size=512, num_attention_heads=4,
                        num_key_value_heads=2, num_hidden_layers=1)
@@ -262,6 +265,7 @@ def test_a_type_without_an_int4_form_is_one_line_saying_what_to_do(k_quant_model
     (why,) = set(swap.kept.values())
     assert why.startswith("GGUF type F32:") and "Q4_K_M" in why and "\n" not in why
     assert int4_linear.dense_reason("IQ2_XS").startswith("GGUF type IQ2_XS: no int4 form here")
+    assert "IQ2_XS" not in int4_linear.HANDLED_TYPES
 
 
 def test_the_preset_notes_name_the_k_quant_layers_and_the_fp32_ones(k_quant_model, monkeypatch):
@@ -276,8 +280,8 @@ def test_the_preset_notes_name_the_k_quant_layers_and_the_fp32_ones(k_quant_mode
     info = ModelInfo(role="target", name="tiny", parameters=1, memory_bytes=1, device="cpu", dtype="float32",
                      quantization="none", load_s=0.0)
     info, notes = loading._use_gguf_weights(type("Spec", (), {"label": "tiny"})(), four_bit, info)
-    assert info.quantization == "gguf q4_k+q5_k"
-    assert len(notes) == 1 and notes[0].startswith("target: 2 linear layers stay fp32 (GGUF type Q6_K:")
+    assert info.quantization == "gguf q4_k+q5_k+q6_k"
+    assert len(notes) == 1 and notes[0].startswith("target: 1 linear layers stay fp32 (GGUF type F32: no int4 form")
 
 
 # ---------------------------------------------------------------- the bundled model's tensors requantised
@@ -286,8 +290,8 @@ def test_the_preset_notes_name_the_k_quant_layers_and_the_fp32_ones(k_quant_mode
 def test_the_bundled_models_ffn_down_requantised_runs_on_the_kernel_as_ggufs_reference(smollm2, tmp_path):
     """SmolLM2's ffn_down tensors (1536 wide: the only ones a multiple of 256) taken from the
     bundled file, requantised to Q4_K, Q5_K and Q6_K, written to a file; the model's weights set to
-    gguf's dequantisation of those blocks (what transformers would load): the Q4_K and Q5_K layers
-    decode to it exactly and compute within the stated tolerance; Q6_K stays fp32."""
+    gguf's dequantisation of those blocks (what transformers would load): each layer decodes to it
+    exactly and computes within the stated tolerance."""
     _kernel_available()
     from specdec_core.presets.sources import bundled_gguf
 
@@ -313,10 +317,9 @@ def test_the_bundled_models_ffn_down_requantised_runs_on_the_kernel_as_ggufs_ref
     writer.close()
 
     swap = use_gguf_weights(changed, path, include_head=False)
-    assert swap.swapped == {"Q4_K": 1, "Q5_K": 1}
-    assert set(swap.kept) == {"model.layers.2.mlp.down_proj"}
+    assert swap.swapped == {"Q4_K": 1, "Q5_K": 1, "Q6_K": 1} and swap.kept == {}
     x = torch.randn(5, 1536, generator=torch.Generator().manual_seed(0))
-    for layer in (0, 1):
+    for layer in kinds:
         down = changed.model.layers[layer].mlp.down_proj
         weight = references[layer]
         assert down.gguf_type == kinds[layer]
@@ -329,8 +332,8 @@ def test_the_bundled_models_ffn_down_requantised_runs_on_the_kernel_as_ggufs_ref
 
 @pytest.mark.parametrize("kind", ON_THE_KERNEL)
 def test_lean_decoder_layers_run_a_k_quant_model_bitwise_as_transformers_layers_do(tmp_path, kind):
-    """A Q4_K (or Q5_K: each layer reads its input twice) model: q, k and v stack into one kernel
-    call, gate and up into another, and every step's logits are transformers' own, bitwise."""
+    """A Q4_K model (or Q5_K, Q6_K: each layer reads its input 2, 4 times): q, k and v stack into one
+    kernel call, gate and up into another, and every step's logits are transformers' own, bitwise."""
     _kernel_available()
     from specdec_core.decoding.eager import CachedModel
     from specdec_core.kernels.lean_layers import use_lean_layers, uses_lean_layers

@@ -21,20 +21,25 @@ GGUF's types map onto it as follows (d, m: the file's fp16 scale and minimum of 
           (one sub-block is one group: GROUP is 32, so this is Q4_1 with other scales)
     Q5_K  as Q4_K with 5-bit q (0..31): split as Q8_0 is, hi = q >> 4 + 8 (8 or 9):
           w = 16 d s (hi - 8) + d s (lo - 8) + 8 d s - dmin m    (the input read twice)
+    Q5_0  w = d (q - 16), Q5_1  w = d q + m, q 5-bit in groups of 32: split as Q8_0 is
+          (llama.cpp writes them where a K-quant file's row is not a multiple of 256)
+    Q6_K  w = d s (q - 32), q 6-bit, an int8 s per 16 weights: two scales in each group of
+          32, where the kernel takes one. So the input is read four times: twice for the first
+          16 of each group (the other 16 at q = 8, i.e. 0), twice for the second, each pair
+          splitting q - 32 = 16 (hi - 8) + (lo - 8) with no zero term: exact, at 4 times a
+          Q4 layer's kernel work and 2.5 bytes a weight (against 4 in fp32, 0.82 in the file).
 
-d s and dmin m are exact in fp32 (11 bits times 6); 8 d s - dmin m rounds once in fp32. Q6_K
-(6-bit q with an int8 scale per 16 weights) has two scales in each group of 32, and the kernel
-takes one: exactly it needs four 4-bit reads of the input, as many bytes as a bf16 weight, so its
-layers stay as transformers dequantised them (fp32, 4 bytes a weight read per step against 0.82
-in the file; DENSE_REASONS says so in the notes). So do the types no int4 form is written for.
+d s and dmin m are exact in fp32 (11 bits times 6 or 8); 8 d s - dmin m rounds once in fp32.
+Types with no int4 form here (Q2_K, Q3_K, IQ*, float tensors) stay as transformers dequantised
+them, in fp32: not row-exact (see below), which dense_reason says in the loading notes.
 
 What changes numerically, against the fp32 weights transformers dequantises from the same file
 (measured in tests/test_int4_linear.py):
   - scale and zero are held in bf16 (the kernel takes only bf16 here: fp32 and fp16 run a slow
     reference path, 25-50x slower). bf16 keeps 8 of fp16's 11 significant bits, so d moves by up
     to 2^-9 of itself, and Q4_1's zero (m + 8 d) by up to 2^-9 of the group's mid value:
-    about a tenth of Q4_1's own rounding step (d / 2). Q4_K and Q5_K likewise: d s by up to
-    2^-9 of itself, their zero (8 d s - dmin m, the group's value at q = 8) by up to 2^-9 of it.
+    about a tenth of Q4_1's own rounding step (d / 2). The K-quants likewise: d s by up to
+    2^-9 of itself, the zero (8 d s - dmin m, a group's value at q = 8) by up to 2^-9 of it.
   - the input rows are rounded to bf16 for the kernel; it accumulates in fp32 and returns
     bf16, which is cast back to the model's fp32.
   - each row is computed alone: the output for a row is bitwise the same whether the call
@@ -79,14 +84,10 @@ _DECODE_RTOL, _DECODE_ATOL = 1e-6, 1e-7  # of the largest weight of the tensor
 # the offline model's layers costs about as much as the kernel over 100 rows (Intel Xeon, 2 threads)
 DENSE_ROWS = 128
 _CHECK_STRIDE = 5  # rows checked: 0, 5, 10, ... (coprime with the rope pairing of q/k rows)
-HANDLED_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K")
-# why a GGUF type's layers stay fp32, for the loading notes (any other type: DENSE_OTHERWISE)
-DENSE_REASONS = {
-    "Q6_K": "GGUF type Q6_K: its scales, one per 16 weights, don't fit the int4 kernel's groups of 32, so "
-            "they run dequantised to fp32 (4 bytes a weight read per step against 0.82 in the file)",
-}
-DENSE_OTHERWISE = ("GGUF type {}: no int4 form here, so they run dequantised to fp32 (4 bytes a weight read "
-                   "per step); a Q4_0, Q4_1, Q8_0, Q4_K_M or Q5_K_M file runs them on the int4 kernel")
+HANDLED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+_DENSE = ("GGUF type {}: no int4 form here, so dequantised to fp32 (4 bytes a weight read per step) and not "
+          "row-exact (at a tie, greedy speculative output may part from plain decoding); a Q4_K_M, Q5_K_M, Q6_K, "
+          "Q4_0, Q4_1 or Q8_0 file runs on the int4 kernel")
 _ARCHITECTURE = "general.architecture"
 _KERNEL_OPS = ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu")  # torch >= 2.6
 
@@ -94,12 +95,12 @@ _KERNEL_OPS = ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_c
 @dataclass(frozen=True)
 class Groups:
     """A weight [N, K] as the kernel sees it: w = (q - 8) * scale + zero per group of GROUP
-    input features. For Q8_0, K is twice the layer's input width (see the module docstring)."""
+    input features. K is reads_input times the layer's input width (see the module docstring)."""
 
     q: torch.Tensor  # int32 [N, K], values 0..15
     scale: torch.Tensor  # float32 [N, K / GROUP]
     zero: torch.Tensor  # float32 [N, K / GROUP]
-    reads_input: int  # how many times the layer's input is concatenated: 1, or 2 for Q8_0
+    reads_input: int  # how many times the layer's input is concatenated: 1; 2 for Q8_0, Q5_*; 4 for Q6_K
 
     def dequantise(self) -> torch.Tensor:
         """The fp32 weight [N, K / reads_input] these groups stand for (scale and zero unrounded)."""
@@ -118,6 +119,17 @@ def decode_blocks(raw: np.ndarray, type_name: str) -> Groups:
         return _two_reads(q, d, torch.zeros_like(d))
     if type_name in ("Q4_K", "Q5_K"):
         return _k_quant_groups(raw, type_name)
+    if type_name == "Q6_K":
+        return _q6_k_groups(raw)
+    if type_name in ("Q5_0", "Q5_1"):  # per block: fp16 d, (Q5_1: fp16 m), 4 bytes of high bits, 16 of nibbles
+        blocks = raw.reshape(rows, -1, (6 if type_name == "Q5_1" else 4) + 2 + GROUP // 2)
+        d = _fp16(blocks[..., :2])
+        high = np.ascontiguousarray(blocks[..., -20:-16]).view("<u4")  # bit j: weight j's fifth bit
+        fifth = (high >> np.arange(GROUP, dtype=np.uint32)) & 1  # [N, blocks, 32]
+        q = _nibbles(blocks[..., -16:]) | torch.from_numpy(fifth.astype(np.int32).reshape(rows, -1) << 4)
+        if type_name == "Q5_0":
+            return _two_reads(q - 16, d, torch.zeros_like(d))
+        return _two_reads(q, d, _fp16(blocks[..., 2:4]))
     if type_name == "Q4_0":  # per block: fp16 d, 16 bytes of nibbles
         blocks = raw.reshape(rows, -1, 2 + GROUP // 2)
         d = _fp16(blocks[..., :2])
@@ -161,6 +173,32 @@ def _k_quant_groups(raw: np.ndarray, type_name: str) -> Groups:
     high = blocks[..., 16 : 16 + high_bytes].reshape(rows, supers, 1, 32) >> np.arange(8, dtype=np.uint8)[:, None]
     q = q.reshape(rows, supers, 8, 32) | ((high & 1).astype(np.int32) << 4)
     return _two_reads(torch.from_numpy(q.reshape(rows, -1)), step, offset)
+
+
+def _q6_k_groups(raw: np.ndarray) -> Groups:
+    """Groups of Q6_K rows, the input read four times (see the module docstring). A super-block
+    (SUPER_BLOCK weights) holds 128 bytes of low nibbles (weight r of each half of 128: byte r % 64
+    of the half's 64, the high nibble for r >= 64), 64 bytes of 2-bit pairs (byte r % 32 of the
+    half's 32, bits 2 (r // 32)), an int8 scale per 16 weights and an fp16 d."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 210)
+    supers = blocks.shape[1]
+    low = blocks[..., :128].reshape(rows, supers, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8)[:, None]
+    pairs = blocks[..., 128:192].reshape(rows, supers, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
+    q = ((low & 15).reshape(rows, -1).astype(np.int32) | ((pairs & 3).reshape(rows, -1).astype(np.int32) << 4)) - 32
+    scales = torch.from_numpy(np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32))
+    step = (_fp16(blocks[..., 208:210])[..., None] * scales).reshape(rows, -1, 2)  # [N, groups, half], exact
+    q = torch.from_numpy(q).view(rows, -1, 2, GROUP // 2)  # [N, groups, half, 16]
+    hi = torch.div(q + 8, 16, rounding_mode="floor")  # q = 16 hi + lo, lo in -8..7
+    lo = q - 16 * hi
+    codes, scale = [], []
+    for half in (0, 1):  # the other half's weights at code 8: (8 - 8) * scale adds nothing
+        mine = torch.zeros_like(q, dtype=torch.bool)
+        mine[:, :, half] = True
+        codes += [torch.where(mine, hi + 8, 8).view(rows, -1), torch.where(mine, lo + 8, 8).view(rows, -1)]
+        scale += [16 * step[..., half], step[..., half]]
+    scale = torch.cat(scale, dim=1)
+    return Groups(torch.cat(codes, dim=1), scale, torch.zeros_like(scale), reads_input=4)
 
 
 def _fp16(pairs: np.ndarray) -> torch.Tensor:
@@ -361,9 +399,9 @@ def use_gguf_weights(model: nn.Module, gguf_path: str | Path, *, include_head: b
 
 
 def dense_reason(type_name: str) -> str:
-    """Why a GGUF tensor of `type_name` (not in HANDLED_TYPES) runs dequantised to fp32, and what
-    that costs: one line for the loading notes."""
-    return DENSE_REASONS.get(type_name, DENSE_OTHERWISE.format(type_name))
+    """Why a GGUF tensor of `type_name` (not in HANDLED_TYPES) runs dequantised to fp32, what that
+    costs and what to do: one line for the loading notes."""
+    return _DENSE.format(type_name)
 
 
 def quantise_linear_layers(model: nn.Module, type_name: str = "Q4_1") -> int:
