@@ -4,8 +4,9 @@ A GGUF model such as the bundled SmolLM2-135M-Instruct (Q4_1) stores its linear 
 groups of 32 weights that share a scale (and, in Q4_1, a minimum). Dequantised to fp32 at
 load, a decoding step streams eight times the bytes the file holds; on a CPU the step is
 bound by exactly that. `use_gguf_weights(model, path)` swaps each `nn.Linear` whose GGUF tensor
-is Q4_0, Q4_1, Q8_0, Q4_K or Q5_K for an Int4Linear that keeps the file's groups of 32 and runs on torch's
-groupwise int4 CPU kernel (`aten._weight_int4pack_mm_for_cpu`), which computes, per group,
+is of a type in HANDLED_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) for an
+Int4Linear that keeps the file's groups of 32 and runs on torch's groupwise int4 CPU kernel
+(`aten._weight_int4pack_mm_for_cpu`), which computes, per group,
 
     w = (q - 8) * scale + zero        q in 0..15, one (scale, zero) per 32 input features.
 
@@ -19,7 +20,7 @@ GGUF's types map onto it as follows (d, m: the file's fp16 scale and minimum of 
     Q4_K  super-blocks of 256 weights: an fp16 d and dmin, and per sub-block of 32 a 6-bit scale
           s and min m:  w = d s q - dmin m      scale = d s,  zero = 8 d s - dmin m
           (one sub-block is one group: GROUP is 32, so this is Q4_1 with other scales)
-    Q5_K  as Q4_K with 5-bit q (0..31): split as Q8_0 is, hi = q >> 4 + 8 (8 or 9):
+    Q5_K  as Q4_K with 5-bit q (0..31): split as Q8_0 is, hi = (q >> 4) + 8 (8 or 9):
           w = 16 d s (hi - 8) + d s (lo - 8) + 8 d s - dmin m    (the input read twice)
     Q5_0  w = d (q - 16), Q5_1  w = d q + m, q 5-bit in groups of 32: split as Q8_0 is
           (llama.cpp writes them where a K-quant file's row is not a multiple of 256)
@@ -31,7 +32,8 @@ GGUF's types map onto it as follows (d, m: the file's fp16 scale and minimum of 
 
 d s and dmin m are exact in fp32 (11 bits times 6 or 8); 8 d s - dmin m rounds once in fp32.
 Types with no int4 form here (Q2_K, Q3_K, IQ*, float tensors) stay as transformers dequantised
-them, in fp32: not row-exact (see below), which dense_reason says in the loading notes.
+them, in fp32, which is not row-exact (an fp32 matmul rounds a row in a batch otherwise than
+alone, unlike the kernel below): dense_reason says so in the loading notes.
 
 What changes numerically, against the fp32 weights transformers dequantises from the same file
 (measured in tests/test_int4_linear.py):
@@ -358,7 +360,7 @@ class Swap:
 
 def use_gguf_weights(model: nn.Module, gguf_path: str | Path, *, include_head: bool = True) -> Swap:
     """Swap, in place, every nn.Linear of a CPU model loaded from `gguf_path` whose GGUF tensor is
-    Q4_0, Q4_1 or Q8_0 for an Int4Linear built from the file's own blocks.
+    of a type in HANDLED_TYPES for an Int4Linear built from the file's own blocks.
 
     Each tensor's rows get the permutation transformers applies when it dequantises the file
     (llama.cpp reorders q/k rows for its rope), and each swapped layer's decoded weights (every 5th row) are
