@@ -17,12 +17,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "specdec_core", "app.py", "app_render.py", "app_speedup.py")
+SOURCES = ("pyproject.toml", "README.md", "specdec_core")
+
+
+def _app_modules() -> set[str]:
+    """The app's top-level modules: app.py and the app_*.py beside it."""
+    return {path.stem for path in REPO.glob("app*.py")}
 
 
 def _source_copy(folder: Path) -> Path:
     folder.mkdir()
-    for name in SOURCES:
+    for name in [*SOURCES, *(f"{module}.py" for module in _app_modules())]:
         source = REPO / name
         if source.is_dir():
             shutil.copytree(source, folder / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -78,3 +83,12 @@ def test_the_declared_dependencies_are_requirements_txts():
     listed = [line.strip() for line in (REPO / "requirements.txt").read_text().splitlines()
               if line.strip() and not line.lstrip().startswith("#")]
     assert declared == listed
+
+
+def test_every_app_module_is_installed():
+    """app.py's modules live at the repo top; pyproject lists them one by one (py-modules), so a new
+    app_*.py must be added there, or `specdec-app` fails to import it once installed."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["py-modules"])
+    assert listed == _app_modules()
