@@ -154,6 +154,23 @@ def test_a_k_quant_layer_matches_the_reference_within_the_stated_tolerance(type_
     assert ((y - exact).abs() <= 2**-8 * exact.abs() + 1e-6).all()
 
 
+@pytest.mark.parametrize("type_name", ON_THE_KERNEL)
+def test_a_prompt_long_call_on_the_unpacked_k_weight_agrees_with_the_kernel(type_name):
+    """DENSE_ROWS rows or more run one matmul over the weight unpacked from the kernel's buffer (4
+    or 2 reads' worth of it for Q6_K and Q5_K): within a bf16 rounding of the kernel's rows."""
+    _kernel_available()
+    raw = k_quantise(_weight(128, SUPER_BLOCK, seed=4), type_name)
+    weight = _reference(raw, type_name)
+    layer = Int4Linear(decode_blocks(raw, type_name), gguf_type=type_name)
+    assert layer.packing_block is not None
+    x = torch.randn(int4_linear.DENSE_ROWS + 5, SUPER_BLOCK)
+    long_call = layer(x)
+    by_kernel = torch.cat([layer(part) for part in x.split(int4_linear.DENSE_ROWS - 1)])
+    scale = x.abs() @ weight.abs().T
+    assert ((long_call - by_kernel).abs() <= 2**-8 * scale + 2**-8 * by_kernel.abs() + 1e-6).all()
+    assert ((long_call - x @ weight.T).abs() <= 0.01 * scale + 1e-6).all()
+
+
 # ---------------------------------------------------------------- a K-quant file written here
 
 
