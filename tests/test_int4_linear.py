@@ -1,6 +1,6 @@
 """4-bit CPU linear layers from GGUF blocks (specdec_core/kernels/int4_linear.py).
 
-Tolerances, per GGUF type (Q4_0, Q4_1, Q8_0), against the fp32 weights gguf (and so
+Tolerances, per GGUF type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the K-quants: test_gguf_kquants.py), against the fp32 weights gguf (and so
 transformers) dequantises the same blocks to:
   - decoding the blocks: equal up to float32 rounding (rtol 1e-6);
   - a layer's output y against x W^T in fp32: |y - y_ref| <= 1% of sum_k |x_k W_jk| per output
@@ -24,7 +24,7 @@ from tests.tiny_models import require
 from gguf import GGMLQuantizationType  # a requirement: transformers reads GGUF files with it
 from gguf.quants import dequantize, quantize
 
-TYPES = ("Q4_0", "Q4_1", "Q8_0")
+TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 
 
 def _kernel_available():

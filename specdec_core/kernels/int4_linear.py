@@ -4,8 +4,9 @@ A GGUF model such as the bundled SmolLM2-135M-Instruct (Q4_1) stores its linear 
 groups of 32 weights that share a scale (and, in Q4_1, a minimum). Dequantised to fp32 at
 load, a decoding step streams eight times the bytes the file holds; on a CPU the step is
 bound by exactly that. `use_gguf_weights(model, path)` swaps each `nn.Linear` whose GGUF tensor
-is Q4_0, Q4_1 or Q8_0 for an Int4Linear that keeps the file's groups of 32 and runs on torch's
-groupwise int4 CPU kernel (`aten._weight_int4pack_mm_for_cpu`), which computes, per group,
+is of a type in HANDLED_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) for an
+Int4Linear that keeps the file's groups of 32 and runs on torch's groupwise int4 CPU kernel
+(`aten._weight_int4pack_mm_for_cpu`), which computes, per group,
 
     w = (q - 8) * scale + zero        q in 0..15, one (scale, zero) per 32 input features.
 
@@ -13,16 +14,34 @@ GGUF's types map onto it as follows (d, m: the file's fp16 scale and minimum of 
 
     Q4_0  w = d * (q - 8)      scale = d,  zero = 0
     Q4_1  w = d * q + m        scale = d,  zero = m + 8 d
-    Q8_0  w = d * q, q int8    split into two 4-bit halves, q + 128 = 16 hi + lo:
+    Q8_0  w = d * q, q int8    split into two 4-bit halves, q = 16 (hi - 8) + lo:
                                w = 16 d (hi - 8) + d (lo - 8) + 8 d, i.e. one int4 matmul over
                                the input read twice (2K columns: hi groups, then lo groups)
+    Q4_K  super-blocks of 256 weights: an fp16 d and dmin, and per sub-block of 32 a 6-bit scale
+          s and min m:  w = d s q - dmin m      scale = d s,  zero = 8 d s - dmin m
+          (one sub-block is one group: GROUP is 32, so this is Q4_1 with other scales)
+    Q5_K  as Q4_K with 5-bit q (0..31): split as Q8_0 is, hi = (q >> 4) + 8 (8 or 9):
+          w = 16 d s (hi - 8) + d s (lo - 8) + 8 d s - dmin m    (the input read twice)
+    Q5_0  w = d (q - 16), Q5_1  w = d q + m, q 5-bit in groups of 32: split as Q8_0 is
+          (llama.cpp writes them where a K-quant file's row is not a multiple of 256)
+    Q6_K  w = d s (q - 32), q 6-bit, an int8 s per 16 weights: two scales in each group of
+          32, where the kernel takes one. So the input is read four times: twice for the first
+          16 of each group (the other 16 at q = 8, i.e. 0), twice for the second, each pair
+          splitting q - 32 = 16 (hi - 8) + (lo - 8) with no zero term: exact, at 4 times a
+          Q4 layer's kernel work and 2.5 bytes a weight (against 4 in fp32, 0.82 in the file).
+
+d s and dmin m are exact in fp32 (11 bits times 6 or 8); 8 d s - dmin m rounds once in fp32.
+Types with no int4 form here (Q2_K, Q3_K, IQ*, float tensors) stay as transformers dequantised
+them, in fp32, which is not row-exact (an fp32 matmul rounds a row in a batch otherwise than
+alone, unlike the kernel below): dense_reason says so in the loading notes.
 
 What changes numerically, against the fp32 weights transformers dequantises from the same file
 (measured in tests/test_int4_linear.py):
   - scale and zero are held in bf16 (the kernel takes only bf16 here: fp32 and fp16 run a slow
     reference path, 25-50x slower). bf16 keeps 8 of fp16's 11 significant bits, so d moves by up
     to 2^-9 of itself, and Q4_1's zero (m + 8 d) by up to 2^-9 of the group's mid value:
-    about a tenth of Q4_1's own rounding step (d / 2).
+    about a tenth of Q4_1's own rounding step (d / 2). The K-quants likewise: d s by up to
+    2^-9 of itself, the zero (8 d s - dmin m, a group's value at q = 8) by up to 2^-9 of it.
   - the input rows are rounded to bf16 for the kernel; it accumulates in fp32 and returns
     bf16, which is cast back to the model's fp32.
   - each row is computed alone: the output for a row is bitwise the same whether the call
@@ -56,7 +75,8 @@ from torch import nn
 
 from .gguf_index import read_tensors
 
-GROUP = 32  # weights per GGUF block of Q4_0 / Q4_1 / Q8_0, and the kernel's group size
+GROUP = 32  # weights per GGUF block of Q4_0 / Q4_1 / Q8_0 and per K-quant sub-block, the kernel's group size
+SUPER_BLOCK = 256  # weights per K-quant super-block (gguf's QK_K)
 _INNER_K_TILES = 2  # a packing parameter of the GPU kernel; the CPU packing ignores its value
 _KERNEL_DTYPE = torch.bfloat16
 # decoding the file's blocks (before the bf16 rounding) must give transformers' fp32 weights
@@ -66,7 +86,10 @@ _DECODE_RTOL, _DECODE_ATOL = 1e-6, 1e-7  # of the largest weight of the tensor
 # the offline model's layers costs about as much as the kernel over 100 rows (Intel Xeon, 2 threads)
 DENSE_ROWS = 128
 _CHECK_STRIDE = 5  # rows checked: 0, 5, 10, ... (coprime with the rope pairing of q/k rows)
-HANDLED_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+HANDLED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+_DENSE = ("GGUF type {}: no int4 form here, so dequantised to fp32 (4 bytes a weight read per step) and not "
+          "row-exact (at a tie, greedy speculative output may part from plain decoding); a Q4_K_M, Q5_K_M, Q6_K, "
+          "Q4_0, Q4_1 or Q8_0 file runs on the int4 kernel")
 _ARCHITECTURE = "general.architecture"
 _KERNEL_OPS = ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu")  # torch >= 2.6
 
@@ -74,12 +97,12 @@ _KERNEL_OPS = ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_c
 @dataclass(frozen=True)
 class Groups:
     """A weight [N, K] as the kernel sees it: w = (q - 8) * scale + zero per group of GROUP
-    input features. For Q8_0, K is twice the layer's input width (see the module docstring)."""
+    input features. K is reads_input times the layer's input width (see the module docstring)."""
 
     q: torch.Tensor  # int32 [N, K], values 0..15
     scale: torch.Tensor  # float32 [N, K / GROUP]
     zero: torch.Tensor  # float32 [N, K / GROUP]
-    reads_input: int  # how many times the layer's input is concatenated: 1, or 2 for Q8_0
+    reads_input: int  # how many times the layer's input is concatenated: 1; 2 for Q8_0, Q5_*; 4 for Q6_K
 
     def dequantise(self) -> torch.Tensor:
         """The fp32 weight [N, K / reads_input] these groups stand for (scale and zero unrounded)."""
@@ -89,15 +112,26 @@ class Groups:
 
 
 def decode_blocks(raw: np.ndarray, type_name: str) -> Groups:
-    """The groups of a GGUF tensor's raw rows (uint8 [N, bytes per row]) of type Q4_0/Q4_1/Q8_0."""
+    """The groups of a GGUF tensor's raw rows (uint8 [N, bytes per row]) of a type in HANDLED_TYPES."""
     rows = raw.shape[0]
     if type_name == "Q8_0":  # per block: fp16 d, 32 int8
         blocks = raw.reshape(rows, -1, 2 + GROUP)
         d = _fp16(blocks[..., :2])
-        q = blocks[..., 2:].copy().view(np.int8).astype(np.int32).reshape(rows, -1) + 128
-        hi, lo = torch.from_numpy(q >> 4), torch.from_numpy(q & 15)
-        return Groups(torch.cat([hi, lo], dim=1), torch.cat([16 * d, d], dim=1),
-                      torch.cat([torch.zeros_like(d), 8 * d], dim=1), reads_input=2)
+        q = torch.from_numpy(blocks[..., 2:].copy().view(np.int8).astype(np.int32).reshape(rows, -1))
+        return _two_reads(q, d, torch.zeros_like(d))
+    if type_name in ("Q4_K", "Q5_K"):
+        return _k_quant_groups(raw, type_name)
+    if type_name == "Q6_K":
+        return _q6_k_groups(raw)
+    if type_name in ("Q5_0", "Q5_1"):  # per block: fp16 d, (Q5_1: fp16 m), 4 bytes of high bits, 16 of nibbles
+        blocks = raw.reshape(rows, -1, (6 if type_name == "Q5_1" else 4) + 2 + GROUP // 2)
+        d = _fp16(blocks[..., :2])
+        high = np.ascontiguousarray(blocks[..., -20:-16]).view("<u4")  # bit j: weight j's fifth bit
+        fifth = (high >> np.arange(GROUP, dtype=np.uint32)) & 1  # [N, blocks, 32]
+        q = _nibbles(blocks[..., -16:]) | torch.from_numpy(fifth.astype(np.int32).reshape(rows, -1) << 4)
+        if type_name == "Q5_0":
+            return _two_reads(q - 16, d, torch.zeros_like(d))
+        return _two_reads(q, d, _fp16(blocks[..., 2:4]))
     if type_name == "Q4_0":  # per block: fp16 d, 16 bytes of nibbles
         blocks = raw.reshape(rows, -1, 2 + GROUP // 2)
         d = _fp16(blocks[..., :2])
@@ -107,6 +141,66 @@ def decode_blocks(raw: np.ndarray, type_name: str) -> Groups:
         d, m = _fp16(blocks[..., :2]), _fp16(blocks[..., 2:4])
         return Groups(_nibbles(blocks[..., 4:]), d, m + 8 * d, reads_input=1)
     raise ValueError(f"GGUF type {type_name} is not handled (handled: {', '.join(HANDLED_TYPES)})")
+
+
+def _two_reads(q: torch.Tensor, step: torch.Tensor, offset: torch.Tensor) -> Groups:
+    """Groups for w = step * q + offset (step, offset: one per group of GROUP) with integer q of up
+    to 8 bits (int32 [N, K], q >> 4 in -8..7), as two 4-bit halves over the input read twice:
+    q = 16 (hi - 8) + lo with hi = (q >> 4) + 8 and lo = q & 15 (two's complement), so
+    w = 16 step (hi - 8) + step (lo - 8) + (8 step + offset)."""
+    hi, lo = (q >> 4) + 8, q & 15
+    return Groups(torch.cat([hi, lo], dim=1), torch.cat([16 * step, step], dim=1),
+                  torch.cat([torch.zeros_like(step), 8 * step + offset], dim=1), reads_input=2)
+
+
+def _k_quant_groups(raw: np.ndarray, type_name: str) -> Groups:
+    """Groups of Q4_K or Q5_K rows. A super-block (SUPER_BLOCK weights) holds fp16 d and dmin,
+    12 bytes of 6-bit scales and mins (one each per sub-block of GROUP, unpacked by gguf's own
+    Q4_K.get_scale_min), for Q5_K 32 bytes of high bits (bit i of byte j: weight j of sub-block i),
+    then 128 bytes of nibbles: sub-blocks 2c and 2c + 1 are the low and high nibbles of bytes
+    32c .. 32c + 31."""
+    from gguf.quants import Q4_K
+
+    rows, high_bytes = raw.shape[0], SUPER_BLOCK // 8 if type_name == "Q5_K" else 0
+    blocks = raw.reshape(rows, -1, 16 + high_bytes + SUPER_BLOCK // 2)
+    supers = blocks.shape[1]
+    d, dmin = _fp16(blocks[..., :2])[..., None], _fp16(blocks[..., 2:4])[..., None]  # [N, supers, 1]
+    scales, mins = (torch.from_numpy(part.reshape(rows, supers, -1).astype(np.float32))
+                    for part in Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., 4:16]).reshape(-1, 12)))
+    step, offset = (d * scales).reshape(rows, -1), (-(dmin * mins)).reshape(rows, -1)  # exact in fp32
+    packed = blocks[..., 16 + high_bytes :].reshape(rows, supers, 4, 1, 32)
+    q = np.concatenate([packed & 15, packed >> 4], axis=3).astype(np.int32)  # [N, supers, 4, 2, 32]
+    if type_name == "Q4_K":
+        return Groups(torch.from_numpy(q.reshape(rows, -1)), step, 8 * step + offset, reads_input=1)
+    high = blocks[..., 16 : 16 + high_bytes].reshape(rows, supers, 1, 32) >> np.arange(8, dtype=np.uint8)[:, None]
+    q = q.reshape(rows, supers, 8, 32) | ((high & 1).astype(np.int32) << 4)
+    return _two_reads(torch.from_numpy(q.reshape(rows, -1)), step, offset)
+
+
+def _q6_k_groups(raw: np.ndarray) -> Groups:
+    """Groups of Q6_K rows, the input read four times (see the module docstring). A super-block
+    (SUPER_BLOCK weights) holds 128 bytes of low nibbles (weight r of each half of 128: byte r % 64
+    of the half's 64, the high nibble for r >= 64), 64 bytes of 2-bit pairs (byte r % 32 of the
+    half's 32, bits 2 (r // 32)), an int8 scale per 16 weights and an fp16 d."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 210)
+    supers = blocks.shape[1]
+    low = blocks[..., :128].reshape(rows, supers, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8)[:, None]
+    pairs = blocks[..., 128:192].reshape(rows, supers, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
+    q = ((low & 15).reshape(rows, -1).astype(np.int32) | ((pairs & 3).reshape(rows, -1).astype(np.int32) << 4)) - 32
+    scales = torch.from_numpy(np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32))
+    step = (_fp16(blocks[..., 208:210])[..., None] * scales).reshape(rows, -1, 2)  # [N, groups, half], exact
+    q = torch.from_numpy(q).view(rows, -1, 2, GROUP // 2)  # [N, groups, half, 16]
+    hi = torch.div(q + 8, 16, rounding_mode="floor")  # q = 16 hi + lo, lo in -8..7
+    lo = q - 16 * hi
+    codes, scale = [], []
+    for half in (0, 1):  # the other half's weights at code 8: (8 - 8) * scale adds nothing
+        mine = torch.zeros_like(q, dtype=torch.bool)
+        mine[:, :, half] = True
+        codes += [torch.where(mine, hi + 8, 8).view(rows, -1), torch.where(mine, lo + 8, 8).view(rows, -1)]
+        scale += [16 * step[..., half], step[..., half]]
+    scale = torch.cat(scale, dim=1)
+    return Groups(torch.cat(codes, dim=1), scale, torch.zeros_like(scale), reads_input=4)
 
 
 def _fp16(pairs: np.ndarray) -> torch.Tensor:
@@ -149,21 +243,23 @@ class Int4Linear(nn.Module):
         layer's `packed` becomes a view of it, so no weight is held twice. The kernel computes
         each output column alone, so the stacked call gives bitwise each layer's own output where
         the packing's blocks of rows don't straddle two layers: checked on a probe here. None
-        where it does not hold (nothing is changed then)."""
+        where it does not hold (nothing is changed then). The layers must read their input alike
+        (all once, or all twice as Q8_0 and Q5_K do)."""
         first = layers[0]
-        if any(layer.bias is not None or layer.reads_input != 1 or layer.in_features != first.in_features
-               for layer in layers):
+        if any(layer.bias is not None or layer.reads_input != first.reads_input
+               or layer.in_features != first.in_features for layer in layers):
             return None
         stack = cls.__new__(cls)
         nn.Module.__init__(stack)
         stack.out_features, stack.in_features = sum(layer.out_features for layer in layers), first.in_features
-        stack.reads_input, stack.gguf_type = 1, "+".join(sorted({layer.gguf_type for layer in layers}))
+        stack.reads_input, stack.gguf_type = first.reads_input, "+".join(sorted({layer.gguf_type for layer in layers}))
         stack.register_buffer("packed", torch.cat([layer.packed for layer in layers]))
         stack.register_buffer("scales_and_zeros", torch.cat([layer.scales_and_zeros for layer in layers], dim=1))
         stack.register_buffer("bias", None)
         blocks = {layer.packing_block for layer in layers}
         stack.packing_block = blocks.pop() if len(blocks) == 1 else None
-        probe = torch.randn(3, first.in_features, generator=torch.Generator().manual_seed(0)).to(_KERNEL_DTYPE)
+        probe = torch.randn(3, first.in_features * first.reads_input,
+                            generator=torch.Generator().manual_seed(0)).to(_KERNEL_DTYPE)
         if not torch.equal(stack.kernel(probe), torch.cat([layer.kernel(probe) for layer in layers], dim=1)):
             return None
         start = 0
@@ -264,7 +360,7 @@ class Swap:
 
 def use_gguf_weights(model: nn.Module, gguf_path: str | Path, *, include_head: bool = True) -> Swap:
     """Swap, in place, every nn.Linear of a CPU model loaded from `gguf_path` whose GGUF tensor is
-    Q4_0, Q4_1 or Q8_0 for an Int4Linear built from the file's own blocks.
+    of a type in HANDLED_TYPES for an Int4Linear built from the file's own blocks.
 
     Each tensor's rows get the permutation transformers applies when it dequantises the file
     (llama.cpp reorders q/k rows for its rope), and each swapped layer's decoded weights (every 5th row) are
@@ -290,7 +386,7 @@ def use_gguf_weights(model: nn.Module, gguf_path: str | Path, *, include_head: b
             continue
         type_name, rows = found
         if type_name not in HANDLED_TYPES:
-            kept[module_name] = f"GGUF type {type_name}"
+            kept[module_name] = dense_reason(type_name)
             continue
         groups = decode_blocks(rows, type_name)
         if not _agrees(groups, module.weight.detach()):
@@ -302,6 +398,12 @@ def use_gguf_weights(model: nn.Module, gguf_path: str | Path, *, include_head: b
         _replace(model, module_name, layer)
         swapped[type_name] = swapped.get(type_name, 0) + 1
     return Swap(swapped, kept)
+
+
+def dense_reason(type_name: str) -> str:
+    """Why a GGUF tensor of `type_name` (not in HANDLED_TYPES) runs dequantised to fp32, what that
+    costs and what to do: one line for the loading notes."""
+    return _DENSE.format(type_name)
 
 
 def quantise_linear_layers(model: nn.Module, type_name: str = "Q4_1") -> int:

@@ -45,7 +45,7 @@ def use_lean_layers(model) -> str | None:
         attention, mlp = layer.self_attn, layer.mlp
         projections = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
                        mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if not all(isinstance(p, Int4Linear) and p.reads_input == 1 and p.bias is None for p in projections):
+        if not all(isinstance(p, Int4Linear) and p.bias is None for p in projections):
             continue
         qkv = Int4Linear.stacked([attention.q_proj, attention.k_proj, attention.v_proj])
         gate_up = Int4Linear.stacked([mlp.gate_proj, mlp.up_proj])
@@ -93,5 +93,6 @@ class _LeanStep:
 
 def _product(linear: Int4Linear, x: torch.Tensor) -> torch.Tensor:
     """x [..., rows, in] -> [rows, out] in x's dtype, as Int4Linear.forward computes it (on the
-    kernel: a step is far below DENSE_ROWS rows)."""
-    return linear.kernel(x.reshape(-1, linear.in_features)).to(x.dtype)
+    kernel: a step is far below DENSE_ROWS rows), the input repeated for a layer that reads it twice."""
+    rows = x.reshape(-1, linear.in_features)
+    return linear.kernel(rows.repeat(1, linear.reads_input) if linear.reads_input > 1 else rows).to(x.dtype)

@@ -247,17 +247,19 @@ def _noted(notes: list[str], role: str, steps):
 def _use_gguf_weights(spec: ModelSpec, model, info: ModelInfo) -> tuple[ModelInfo, list[str]]:
     """Run the target's linear layers on its GGUF file's 4-bit blocks (see int4_linear): the
     updated ModelInfo, and one note where that can't be done here (fp32 weights run then)."""
-    from ..kernels.int4_linear import use_gguf_weights
+    from ..kernels.int4_linear import HANDLED_TYPES, use_gguf_weights
 
     with load_errors(spec.label):
         path = gguf_file(spec)
     started = time.perf_counter()
     swap = use_gguf_weights(model, path)
-    if swap.problem or not swap.swapped:
-        why = swap.problem or "no Q4_0, Q4_1 or Q8_0 linear layers in the file"
-        return info, [f"target: fp32 weights, not the GGUF's 4-bit ones ({why})"]
+    if swap.problem:
+        return info, [f"target: fp32 weights, not the GGUF's 4-bit ones ({swap.problem})"]
+    # one line per reason (a GGUF type with no int4 form says what it costs; see int4_linear.dense_reason)
     reasons = sorted(set(swap.kept.values()))
     notes = [f"target: {sum(w == why for w in swap.kept.values())} linear layers stay fp32 ({why})" for why in reasons]
+    if not swap.swapped:
+        return info, notes or [f"target: fp32 weights (no {', '.join(HANDLED_TYPES)} linear layers in the file)"]
     kinds = "+".join(sorted(swap.swapped)).lower()
     info = replace(info, quantization=f"gguf {kinds}", memory_bytes=model.get_memory_footprint(),
                    load_s=info.load_s + time.perf_counter() - started)
