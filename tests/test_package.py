@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "specdec_core")
+SOURCES = ("pyproject.toml", "README.md", "specdec_core", "specdec_app")
 
 
 def _app_modules() -> set[str]:
@@ -86,9 +86,11 @@ def test_the_declared_dependencies_are_requirements_txts():
 
 
 def test_every_app_module_is_installed():
-    """app.py's modules live at the repo top; pyproject lists them one by one (py-modules), so a new
-    app_*.py must be added there, or `specdec-app` fails to import it once installed."""
+    """app.py lives at the repo top, the UI in specdec_app/: pyproject lists the module by name
+    (py-modules) and finds the packages, so a new top-level module must be added there, or
+    `specdec-app` fails to import it once installed."""
     import tomllib
 
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["py-modules"])
-    assert listed == _app_modules()
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(setuptools["py-modules"]) == _app_modules()
+    assert "specdec_app*" in setuptools["packages"]["find"]["include"]
