@@ -245,7 +245,7 @@ class LiveSpeedup:
         if self.baseline_reply:
             return S.live_markdown(stats, None, None, now, baseline_reply=True)
         self.rate = self.book.choose(self.preset, self.context, self._plain_step(now))
-        counts = S.RoundCounts.of(sources)
+        counts = self.engine.stats.tally()  # the engine's own record of this reply's rounds
         prediction = S.predict(counts, stats, self.engine.step_s)
         return S.live_markdown(stats, self.rate, prediction, now, counts=counts, step_s=self.engine.step_s(1))
 

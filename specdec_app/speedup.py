@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .render import duration
+from specdec_core.events import RoundTally
 from specdec_core.theory import expected_tokens, predicted_speedup
 
 # Where a plain-decoding rate was measured (shown in the label: "measured in side-by-side").
@@ -180,25 +181,6 @@ def baseline_label(rate: BaselineRate | None, now: float) -> str:
 
 
 @dataclass(frozen=True)
-class RoundCounts:
-    """A fold over one reply's token sources: every round ends with one target token, its
-    `target` (plain), `resampled` (a draft rejected) or `bonus` (every draft kept)."""
-
-    rounds: int
-    plain_rounds: int
-    rejections: int
-    accepted: int
-
-    @classmethod
-    def of(cls, sources: Iterable[str]) -> RoundCounts:
-        counts = {"draft": 0, "target": 0, "resampled": 0, "bonus": 0}
-        for source in sources:
-            counts[source] += 1
-        return cls(rounds=counts["target"] + counts["resampled"] + counts["bonus"],
-                   plain_rounds=counts["target"], rejections=counts["resampled"], accepted=counts["draft"])
-
-
-@dataclass(frozen=True)
 class Prediction:
     """Leviathan et al.'s speedup from this reply's acceptance and step costs."""
 
@@ -210,7 +192,7 @@ class Prediction:
     speedup: float
 
 
-def predict(counts: RoundCounts, stats: Mapping, step_s: Callable[[int], float | None]) -> Prediction | None:
+def predict(counts: RoundTally, stats: Mapping, step_s: Callable[[int], float | None]) -> Prediction | None:
     """The prediction for a reply, or None before a drafting round or a measured plain step.
 
     step_s(n): the measured time of a target forward over n tokens (the engine's policy).
@@ -246,7 +228,7 @@ def speedup(tokens_per_second: float, rate: BaselineRate | None) -> float | None
 THEORY_TOLERANCE = 1.10
 
 
-def failed_assumptions(prediction: Prediction, counts: RoundCounts, stats: Mapping,
+def failed_assumptions(prediction: Prediction, counts: RoundTally, stats: Mapping,
                        rate: BaselineRate | None, step_s: float | None) -> list[str]:
     """Which of the prediction's assumptions this reply broke, when it beat the prediction:
     drafts kept independently at one rate a; plain decoding at one token per measured 1-token
@@ -275,7 +257,7 @@ def failed_assumptions(prediction: Prediction, counts: RoundCounts, stats: Mappi
     return reasons
 
 
-def theory_line(prediction: Prediction | None, value: float | None, counts: RoundCounts | None = None,
+def theory_line(prediction: Prediction | None, value: float | None, counts: RoundTally | None = None,
                 stats: Mapping | None = None, rate: BaselineRate | None = None,
                 step_s: float | None = None) -> str:
     """Leviathan's prediction beside the measured decode-phase speedup `value`: their ratio, or,
@@ -290,7 +272,7 @@ def theory_line(prediction: Prediction | None, value: float | None, counts: Roun
     ratio = value / prediction.speedup
     if ratio <= THEORY_TOLERANCE:
         return line + f" · efficiency {ratio:.0%} (measured / predicted)"
-    reasons = failed_assumptions(prediction, counts or RoundCounts(0, 0, 0, 0), stats or {}, rate, step_s)
+    reasons = failed_assumptions(prediction, counts or RoundTally(), stats or {}, rate, step_s)
     why = "; ".join(reasons) if reasons else (
         "none of its assumptions checked here failed (independent acceptance, a plain token per step, "
         "the step costs): a short reply's timing noise can do this")
@@ -298,7 +280,7 @@ def theory_line(prediction: Prediction | None, value: float | None, counts: Roun
 
 
 def live_markdown(stats: Mapping | None, rate: BaselineRate | None, prediction: Prediction | None,
-                  now: float, baseline_reply: bool = False, counts: RoundCounts | None = None,
+                  now: float, baseline_reply: bool = False, counts: RoundTally | None = None,
                   step_s: float | None = None) -> str:
     """The #speedup-live panel: this reply's decode rate over a plain decode rate (where that
     came from, how old), the time to first token on its own line, and the theory.

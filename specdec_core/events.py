@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, astuple, dataclass, field
 
 # Why a reply ended (Stats.finish_reason; a contract shared with the CLI and the API).
 STOP = "stop"  # an end-of-sequence token or a stop string
@@ -24,6 +25,29 @@ class TokenEvent:
     text: str  # this token's piece of the decoded output ("" while a character is incomplete)
     source: str  # one of SOURCES
     round: int  # the verification round (one target forward) that produced it
+
+
+@dataclass(frozen=True)
+class RoundTally:
+    """Rounds counted from the engine's per-round record, Stats.rounds: (drafted, accepted) of
+    every target forward that decoded. The one fold the app's live prediction, the API and the
+    bench derive their round figures from."""
+
+    rounds: int = 0
+    plain_rounds: int = 0  # rounds with nothing drafted
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0  # drafting rounds that stopped at a rejected draft
+
+    @classmethod
+    def of(cls, rounds: Iterable[tuple[int, int]]) -> RoundTally:
+        rounds = list(rounds)
+        return cls(rounds=len(rounds), plain_rounds=sum(d == 0 for d, _ in rounds),
+                   drafted=sum(d for d, _ in rounds), accepted=sum(a for _, a in rounds),
+                   rejections=sum(a < d for d, a in rounds))
+
+    def __add__(self, other: RoundTally) -> RoundTally:
+        return RoundTally(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
 
 @dataclass
@@ -91,6 +115,10 @@ class Stats:
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         self.rounds.append((drafted, accepted))
+
+    def tally(self) -> RoundTally:
+        """The rounds so far, counted (what the live prediction and the bench are computed from)."""
+        return RoundTally.of(self.rounds)
 
     def as_dict(self) -> dict:
         fields = asdict(self)

@@ -10,7 +10,7 @@ import pytest
 
 from specdec_core.bench import cli
 from specdec_core.bench import run as bench
-from specdec_core.bench.methods import LLAMACPP, METHODS, RoundCounts, Run, available_methods, rounds_from_trace, timed_run
+from specdec_core.bench.methods import LLAMACPP, METHODS, RunTotals, Run, available_methods, rounds_from_trace, timed_run
 from specdec_core.bench.questions import DEFAULT_QUESTIONS, FAMILIES, MT_BENCH_CATEGORIES, load_questions
 from specdec_core.bench.theory_check import ProbedCosts, acceptance_probability, predicted_speedup
 from specdec_core.theory import expected_tokens as expected_tokens_per_round
@@ -59,7 +59,7 @@ def test_theory_rejects_impossible_inputs():
 
 
 def test_acceptance_probability_ignores_tokens_after_a_rejection():
-    counts = RoundCounts()
+    counts = RunTotals()
     # Round 1: 4 drafted, 2 kept, then a rejection (the last token is never tried).
     # Round 2: 3 drafted, all kept. Round 3: plain.
     counts.add(Run("m", [0] * 8, 1.0, [(4, 2), (3, 3), (0, 0)]))
@@ -75,7 +75,7 @@ def test_decode_phase_leaves_the_first_token_out():
     from specdec_core.bench.report import summarize
     from specdec_core.bench.questions import Question
 
-    counts = RoundCounts()
+    counts = RunTotals()
     counts.add(Run("m", [0] * 21, 3.0, [(0, 0)] * 21, ttft_s=1.0, first_round_tokens=1))  # 20 tokens in 2 s
     counts.add(Run("m", [0] * 13, 1.5, [(4, 4)] + [(0, 0)] * 8, ttft_s=0.5, first_round_tokens=5))  # 8 in 1 s
     assert (counts.decode_tokens, counts.decode_s, counts.ttft_s, counts.runs) == (28, 3.0, 1.5, 2)
@@ -101,10 +101,10 @@ def test_theory_check_prices_our_drafting_by_the_time_the_engine_measured():
 
     costs = ProbedCosts(context_tokens=10, target_step_s=0.040, verify_s={1: 0.044, 2: 0.048},
                         draft_step_s=0.010, lookup_s=0.0001)
-    ours = RoundCounts()
+    ours = RunTotals()
     ours.add(Run("ours-eagle", [0] * 5, 1.0, [(2, 1), (2, 2)], draft_s=0.016))
     assert theory_check(ours, costs, False, 1.0)["c"] == pytest.approx(0.016 / 4 / 0.040)
-    probed = RoundCounts()
+    probed = RunTotals()
     probed.add(Run("hf-lookup", [0] * 5, 1.0, [(2, 1), (2, 2)]))
     assert theory_check(probed, costs, False, 1.0)["c"] == pytest.approx(0.0001 / 0.040 / 2)
     assert theory_check(probed, costs, True, 1.0)["c"] == pytest.approx(0.010 / 0.040)
@@ -305,7 +305,7 @@ def test_traced_rounds_agree_with_the_engine_stats(tiny_app_config):
         method = OursMethod(drafter, models.make_engine(drafter=drafter, draft_length=3, adaptive=False))
         run = timed_run(method, prompt, SamplingParams(max_new_tokens=12))
         stats = method.engine.stats
-        counts = RoundCounts()
+        counts = RunTotals()
         counts.add(run)
         assert counts.rounds == stats.target_forwards - 1  # less the prefill
         assert (counts.drafted, counts.accepted) == (stats.drafted_tokens, stats.accepted_tokens)

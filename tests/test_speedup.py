@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from specdec_app import speedup as S
+from specdec_core.events import RoundTally
 from specdec_core.theory import predicted_speedup
 
 NOW = 1_000_000.0
@@ -110,15 +111,14 @@ def test_age_text(seconds, text):
 # ---------------------------------------------------------------- rounds, theory, the live figure
 
 
-def test_round_counts_fold_the_sources():
-    # plain | 2 drafts kept + bonus | 1 kept, then resampled | all rejected: resampled
-    sources = ["target", "draft", "draft", "bonus", "draft", "resampled", "resampled"]
-    counts = S.RoundCounts.of(sources)
-    assert counts == S.RoundCounts(rounds=4, plain_rounds=1, rejections=2, accepted=3)
+def test_the_round_tally_folds_the_engines_record_of_rounds():
+    # plain | 2 drafts kept + bonus | 1 of 2 kept, then resampled | 1 drafted, rejected
+    counts = RoundTally.of([(0, 0), (2, 2), (2, 1), (1, 0)])
+    assert counts == RoundTally(rounds=4, plain_rounds=1, drafted=5, rejections=2, accepted=3)
 
 
 def test_prediction_uses_this_replys_acceptance_and_costs():
-    counts = S.RoundCounts(rounds=4, plain_rounds=1, rejections=2, accepted=3)
+    counts = RoundTally(rounds=4, plain_rounds=1, rejections=2, accepted=3)
     stats = {"drafted_tokens": 6, "draft_s": 0.006}  # 1 ms a drafted token
     steps = {1: 0.040, 3: 0.044}
     prediction = S.predict(counts, stats, steps.get)
@@ -129,9 +129,9 @@ def test_prediction_uses_this_replys_acceptance_and_costs():
 
 
 def test_no_prediction_before_a_drafting_round_or_a_measured_step():
-    plain = S.RoundCounts(rounds=3, plain_rounds=3, rejections=0, accepted=0)
+    plain = RoundTally(rounds=3, plain_rounds=3, rejections=0, accepted=0)
     assert S.predict(plain, {"drafted_tokens": 0}, {1: 0.04}.get) is None
-    drafted = S.RoundCounts(rounds=2, plain_rounds=0, rejections=1, accepted=1)
+    drafted = RoundTally(rounds=2, plain_rounds=0, rejections=1, accepted=1)
     assert S.predict(drafted, {"drafted_tokens": 4, "draft_s": 0.0}, {}.get) is None
 
 
@@ -176,7 +176,7 @@ def test_theory_line_says_which_assumption_failed_above_the_prediction():
     prediction = S.Prediction(a=0.5, g=4.0, c=0.01, v=1.1, share=1.0, speedup=1.6)
     # 10 drafting rounds: 30 drafts kept, 10 rejections; 40 tokens per 10 rounds = 4.0 a round,
     # where independent acceptance at a = 0.5 over 4 drafts gives 1.94: streaks
-    streaks = S.RoundCounts(rounds=10, plain_rounds=0, rejections=6, accepted=30)
+    streaks = RoundTally(rounds=10, plain_rounds=0, rejections=6, accepted=30)
     rate = S.BaselineRate.of_plain_step(0.04, 100, NOW)  # the plain rate is the step's: no excess there
     stats = {"new_tokens": 40, "first_round_tokens": 4, "ttft_s": 0.1, "wall_s": 0.1 + 9 * 0.045}
     line = S.theory_line(prediction, 2.4, streaks, stats, rate, 0.04)
@@ -189,7 +189,7 @@ def test_theory_line_says_which_assumption_failed_above_the_prediction():
     # within 10% of the prediction: the efficiency, even above 100%
     assert S.theory_line(prediction, 1.7, streaks, stats, rate, 0.04).endswith("efficiency 106% (measured / predicted)")
     # above it with no assumption seen failing: it says so rather than print an efficiency
-    independent = S.RoundCounts(rounds=10, plain_rounds=0, rejections=10, accepted=10)
+    independent = RoundTally(rounds=10, plain_rounds=0, rejections=10, accepted=10)
     line = S.theory_line(prediction, 2.4, independent, {"new_tokens": 20, "ttft_s": 0.1, "wall_s": 1.0}, rate, 0.04)
     assert "none of its assumptions checked here failed" in line and "efficiency" not in line
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..chat import eos_token_ids
+from ..events import RoundTally
 from ..sampling import SamplingParams
 
 OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lookup"
@@ -81,7 +82,7 @@ class Run:
 
 
 @dataclass
-class RoundCounts:
+class RunTotals:
     """Counters summed over runs; what the report and the theory check are computed from."""
 
     new_tokens: int = 0
@@ -112,12 +113,13 @@ class RoundCounts:
         tokens, seconds = run.decode_phase
         self.decode_tokens += tokens
         self.decode_s += seconds
+        tally = RoundTally.of(run.rounds)
+        self.rounds += tally.rounds
+        self.plain_rounds += tally.plain_rounds
+        self.drafted += tally.drafted
+        self.accepted += tally.accepted
+        self.rejections += tally.rejections
         for drafted, accepted in run.rounds:
-            self.rounds += 1
-            self.plain_rounds += drafted == 0
-            self.drafted += drafted
-            self.accepted += accepted
-            self.rejections += accepted < drafted
             grow = drafted - len(self.drafted_by_position)
             if grow > 0:
                 self.drafted_by_position += [0] * grow

@@ -14,7 +14,7 @@ from .methods import (
     OURS_BASELINE,
     OURS_LOOKUP,
     OURS_MODEL,
-    RoundCounts,
+    RunTotals,
     Run,
 )
 from .questions import FAMILY_LABELS, Question
@@ -54,7 +54,7 @@ def summarize(
 ) -> dict:
     """The `results`, `theory`, `identity` and `targets` parts of results.json."""
     families = list(dict.fromkeys(q.family for q in questions))
-    counts = {m: {f: RoundCounts() for f in [*families, OVERALL]} for m in methods}
+    counts = {m: {f: RunTotals() for f in [*families, OVERALL]} for m in methods}
     identical = {m: {f: [] for f in [*families, OVERALL]} for m in methods}
     asked = {f: sum(q.family == f for q in questions) for f in families} | {OVERALL: len(questions)}
     same = identity(questions, runs, methods, greedy)
@@ -111,7 +111,7 @@ _SPEEDUPS = ((HF_GENERATE, "speedup_vs_hf_generate"), (OURS_BASELINE, "speedup_v
 DECODE_RATE = "decode_tokens_per_second"
 
 
-def _figures(c: RoundCounts, identical: list[bool], questions: int) -> dict:
+def _figures(c: RunTotals, identical: list[bool], questions: int) -> dict:
     return {
         "questions": questions,
         "new_tokens": c.new_tokens,

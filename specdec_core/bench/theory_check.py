@@ -16,14 +16,14 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from .methods import RoundCounts
+from .methods import RunTotals
 from .cost_model import time_steps
 from ..drafters import find_continuation
 from ..decoding.eager import CachedModel
 from ..theory import expected_tokens, predicted_speedup  # noqa: F401 - predicted_speedup: the bench's name too
 
 
-def acceptance_probability(counts: RoundCounts) -> float:
+def acceptance_probability(counts: RunTotals) -> float:
     """Leviathan's a, estimated from rounds: kept drafts / (kept drafts + rejections).
 
     Tokens after the first rejection of a round are never tried, so they don't count against
@@ -102,7 +102,7 @@ def measure_step_costs(
 
 
 def theory_check(
-    counts: RoundCounts, costs: ProbedCosts, uses_draft_model: bool, measured_speedup: float | None
+    counts: RunTotals, costs: ProbedCosts, uses_draft_model: bool, measured_speedup: float | None
 ) -> dict:
     """Leviathan's prediction for one method on one category, and the efficiency it implies.
 
