@@ -25,8 +25,7 @@ shapes: the context length is a symbol, and one graph per step size serves every
 - Dynamo's guards inside the model are skipped (checking them took a tenth of a 1-token step),
   so each CompiledSteps compiles its own copy of the step's code: no other model is ever handed
   its graphs.
-- Compiling takes minutes on two cores the first time (about 4 for SmolLM2's four step sizes
-  on the Intel Xeon VM); inductor keeps what it compiled on disk (its cache folder,
+- Compiling takes minutes on two cores the first time (docs/decode-paths.md); inductor keeps what it compiled on disk (its cache folder,
   TORCHINDUCTOR_CACHE_DIR), and a later start takes a minute or two. So `compile: auto`
   compiles them in the background (`background=True`, for a 4-bit target): a thread compiles
   while runners step eagerly, and each runner takes the compiled steps at the first generation

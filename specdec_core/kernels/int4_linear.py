@@ -51,8 +51,8 @@ What changes numerically, against the fp32 weights transformers dequantises from
     unpacked from the kernel's buffer: in bf16 where oneDNN has bf16 matmuls (the weight
     (q - 8) * scale + zero, computed in fp32, is rounded to bf16 once: up to 2^-9 of itself;
     fp32 sums, a bf16 output), in fp32 elsewhere. The kernel dequantises every group again for
-    each 4 rows, so a 729-token prompt took 1.30 s on it and takes 0.49-0.54 s so (Intel Xeon with
-    AMX, 2 threads; the break-even is about 100 rows). Such rows differ from the kernel's in
+    each 4 rows, so reading a 729-token prompt this way takes under half the kernel's time (the
+    break-even is about 100 rows; docs/benchmarks.md). Such rows differ from the kernel's in
     their last bits, so a token's keys and values depend on the call it was read in: engines
     compared token for token read a prompt from the same cache state, in the same calls (the
     bench: from an empty cache; the app's side by side: SpeculativeEngine.share_reading).
@@ -83,7 +83,7 @@ _KERNEL_DTYPE = torch.bfloat16
 # up to float32 rounding of m + 8d: a mismatch means a wrong tensor, layout or permutation
 _DECODE_RTOL, _DECODE_ATOL = 1e-6, 1e-7  # of the largest weight of the tensor
 # rows from which a call unpacks its weight rather than run the kernel (see Int4Linear): unpacking
-# the offline model's layers costs about as much as the kernel over 100 rows (Intel Xeon, 2 threads)
+# the offline model's layers costs about as much as the kernel over 100 rows (two CPU threads)
 DENSE_ROWS = 128
 _CHECK_STRIDE = 5  # rows checked: 0, 5, 10, ... (coprime with the rope pairing of q/k rows)
 HANDLED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")

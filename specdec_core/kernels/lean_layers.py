@@ -12,9 +12,9 @@ layer gives (tested):
     kernel calls a layer instead of seven, each input cast to bf16 once;
   - the norms, rotary embedding, cache update and activation are the layer's own modules and
     transformers' own function, and attention is row_exact_attention, called directly.
-A 1-token step takes about 4 ms less so (18.6 -> 14.6 ms on an AMD EPYC, interleaved; see
-scripts/cpu_weights_costs.py), a verify step as much. Compiled (CompiledSteps traces this step),
-the three calls saved still pay: 9.1 -> 8.4 ms, bitwise the same logits. Only the steps it was
+A SmolLM2 step takes about a fifth less so, a verify step as much, and compiled (CompiledSteps
+traces this step) the calls saved still pay, bitwise the same logits (docs/benchmarks.md;
+scripts/cpu_weights_costs.py measures it). Only the steps it was
 written for take this path: one sequence, at most row_attention.MAX_ROWS new tokens (decoding,
 verifying drafts). Reading a prompt and a batch (the EAGLE trainer's generate) run transformers'
 layer.

@@ -1,12 +1,11 @@
 """Linear layers on CPU with their weights prepacked for oneDNN, for decoding's few-row inputs.
 
 Decoding multiplies each weight matrix by 1 to 9 rows (a token, or a token plus its drafts).
-PyTorch's stock fp32 CPU linear is slow at that shape: measured on a 2-core AVX-512 VM with
-SmolLM2-135M (30 layers, 576 wide, 49152-token head) at a 729-token context, a 1-token step
-takes 54 ms and a step over 1+4 tokens 92 ms. With every weight laid out once, at load, in
-oneDNN's blocked format (what torch.compile's CPU weight freezing does) the same steps take
-37 and 43 ms (`python -m specdec_core.cost_model --modes eager,packed`, docs/bench/
-cost_model_cpu.md): plain decoding gets faster, and verifying drafts gets cheaper relative to
+PyTorch's stock fp32 CPU linear is slow at that shape (for SmolLM2-135M a step over 1+4 tokens
+cost 1.7x a 1-token step). With every weight laid out once, at load, in oneDNN's blocked format
+(what torch.compile's CPU weight freezing does) both steps are faster and the verify step is
+nearly as cheap as the 1-token one (`python -m specdec_core.cost_model --modes eager,packed`,
+docs/bench/cost_model_cpu.md): plain decoding gets faster, and verifying drafts gets cheaper relative to
 it, which is what speculation needs.
 
 `pack_linear_layers(model)` swaps every fp32 `nn.Linear` of a CPU model for a PackedLinear in

@@ -162,10 +162,10 @@ def _load_eagle_head(preset: Preset, target, tokenizer):
 
 def _head_on_int4(head) -> str:
     """Run the head of a target on the 4-bit path on the same int4 kernel, from Q8_0 groups (of 32,
-    with a scale) of its own weights; its quantization as the models panel shows it. Measured on
-    the offline preset's head (2-core AMD EPYC): a draft step 1.17 ms instead of 3.44 as loaded,
-    and the same acceptance on the 30 Spec-Bench questions (0.328 of first drafts kept against
-    0.330); Q4_1 groups were faster still (0.75 ms) but kept 0.310. A layer the blocks can't hold
+    with a scale) of its own weights; its quantization as the models panel shows it. For the
+    offline preset's head a draft step costs a third of what it does as loaded, with the same
+    acceptance on the Spec-Bench questions; Q4_1 groups were faster still but kept fewer drafts
+    (docs/benchmarks.md). A layer the blocks can't hold
     (a width not a multiple of 32) leaves the head as loaded."""
     from ..kernels.int4_linear import GROUP, quantise_linear_layers
 
