@@ -102,8 +102,13 @@ class ChatEvents:
             # The box is cleared only when this consumed it (Send); a failure puts it back.
             box = gr.skip() if failed.box is None else ""
             views = guarded(failed, lambda: chat(self.holder, message, history, settings, run.stop, meter, box, retried))
-            for view in views:
-                yield view.values()
+            try:
+                for view in views:
+                    yield view.values()
+            finally:
+                # Closed (Stop, a dropped connection): the reply's stream ends here, before the
+                # stop flag's waiter is told the reply is over (StopRequests.request).
+                views.close()
         finally:
             self.stops.end(session, run)
 

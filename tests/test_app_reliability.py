@@ -246,3 +246,33 @@ def test_a_sessions_history_folder_goes_when_its_session_ends_and_the_rest_at_ex
                                   check=True).stdout.strip())
     assert written.name == "reply-history.csv" and not written.parent.exists()
     assert not written.parent.parent.exists()
+
+
+def test_a_closed_reply_ends_its_stream_before_the_stop_waiter_is_told(monkeypatch):
+    """Stop cancels the event, which closes the reply's generator: the engine's stream must be
+    closed before the stop flag's waiter returns, or a late "generating" update could overwrite
+    the panel's "stopped" (StopRequests.request)."""
+    from types import SimpleNamespace
+
+    from specdec_app import wiring
+    from specdec_app.settings import CONTROLS
+
+    order = []
+
+    def chat(*args, **kwargs):
+        try:
+            while True:
+                yield wiring.View(stats="generating")
+        finally:
+            order.append("stream closed")
+
+    monkeypatch.setattr(wiring, "chat", chat)
+    events = wiring.ChatEvents(SimpleNamespace(), holder=None, preset="tiny")
+    ended = events.stops.end
+    monkeypatch.setattr(events.stops, "end", lambda *a: order.append("stop waiter told") or ended(*a))
+    values = ("tiny", "prompt_lookup", 0.0, 1.0, 0, 8, 4, True, False, False)
+    assert len(values) == len(CONTROLS)
+    reply = events.respond(SimpleNamespace(session_hash="s"), "hi", [], None, *values)
+    next(reply)
+    reply.close()
+    assert order == ["stream closed", "stop waiter told"]
