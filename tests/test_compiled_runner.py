@@ -16,7 +16,7 @@ import torch
 from specdec_core import (EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine)
 from specdec_core.decoding import compiled as compiled_module
 from specdec_core.decoding.compiled import COMPILED_DYNAMIC, COMPILING, MIN_CONTEXT, CompiledRunner, CompiledSteps
-from specdec_core.decoding.features import feature_tap, untapped
+from specdec_core.decoding.features import StepFeatures, feature_tap, untapped
 from specdec_core.kernels.row_attention import MAX_ROWS, use_row_exact_attention
 from specdec_core.decoding.eager import CachedModel
 from specdec_core.decoding.static import EAGER_DYNAMIC
@@ -292,6 +292,29 @@ def test_the_untapped_twin_computes_as_the_model_without_writing_its_tap():
     tap.start()
     assert torch.equal(CachedModel(twin).forward(tokens), expected)
     assert tap.take() is None
+
+
+def test_the_twin_of_a_model_with_device_hooks_runs_its_own_layers():
+    """accelerate's device hooks (a sharded or offloaded model) bind each module's forward to
+    that module: the twin's are bound to the twin, so its own layers (and their feature hooks)
+    run, and the model's taps stay untouched."""
+    from accelerate import dispatch_model
+
+    model = tiny_llama(31, vocab=VOCAB)
+    children = ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "model.rotary_emb", "lm_head"]
+    model = dispatch_model(model, dict.fromkeys(children, "cpu"), force_hooks=True)
+    assert "_old_forward" in vars(model) and "_old_forward" in vars(model.model.layers[0])
+    tap = feature_tap(model, (0, 1))
+    twin = untapped(model)
+    features = StepFeatures(twin, (0, 1))
+    tokens = _tokens(71, 12)
+    tap.start()
+    expected = CachedModel(model).forward(tokens)
+    assert tap.take() is not None
+    tap.start()
+    assert torch.equal(CachedModel(twin).forward(tokens), expected)
+    assert tap.take() is None
+    assert all(hidden is not None and len(hidden) == len(tokens) for hidden in features.take())
 
 
 # ---------------------------------------------------------------- dynamo's configuration, shared by the process

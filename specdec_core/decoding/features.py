@@ -24,6 +24,8 @@ compiled graph: it adds hooks per call.
 from __future__ import annotations
 
 import copy
+import functools
+import types
 import weakref
 
 import torch
@@ -79,7 +81,21 @@ def _shallow_copy(module: nn.Module, dropped_hooks: set[int] = frozenset(), **ch
     # Its own: hooks registered on the twin (StepFeatures) note here how they are called.
     twin._forward_pre_hooks_with_kwargs = type(module._forward_pre_hooks_with_kwargs)(
         module._forward_pre_hooks_with_kwargs)
+    if "_old_forward" in module.__dict__:
+        _rebind_device_hook(module, twin)
     return twin
+
+
+def _rebind_device_hook(module: nn.Module, twin: nn.Module) -> None:
+    """accelerate's device hooks (a model sharded over GPUs or offloaded) replace a module's
+    forward with one bound to that module, which would run the original's children, not the
+    twin's: bind the twin's to the twin."""
+    forward, old_forward = module.forward, module._old_forward
+    if not (isinstance(forward, functools.partial) and forward.args[:1] == (module,)
+            and getattr(old_forward, "__self__", None) is module):
+        raise ValueError(f"{type(module).__name__} has a forward hook this path can't copy: decode it eagerly")
+    twin._old_forward = types.MethodType(old_forward.__func__, twin)
+    twin.forward = functools.update_wrapper(functools.partial(forward.func, twin), old_forward)
 
 
 def start_features(model) -> None:
