@@ -4,8 +4,10 @@ the baseline's token for token (issue 48, point 0).
 
     nice -n 19 python scripts/drafters_on_compiled_steps.py --max-new-tokens 64 --rounds 3
 
-Interleaved rounds, the median kept; every prompt is read once before timing (all engines share
-the target's kept cache, as in the app), so the timings are of decoding.
+Interleaved rounds, the median kept. Every reply starts cold (engine.forget(), as the bench's
+timed runs): engines share the target's kept cache, and a prompt part another engine re-read in
+calls of other sizes rounds apart in its last bits, which can break a tie of two logits. The
+rate is of decoding: new tokens after the first over the time after it.
 """
 
 from __future__ import annotations
@@ -43,14 +45,16 @@ def main() -> None:
     identical = {d: 0 for d in drafters}
     for name, text in PROMPTS.items():
         prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": text}])
-        baseline = models.engine("none").generate(prompt, params).token_ids  # reads the prompt, untimed
+        baseline = None
         for _ in range(args.rounds):
             for drafter in drafters:
                 engine = models.engine(drafter)
                 assert engine.make_runner is models.target_runner, f"{drafter} runs on {engine.make_runner}"
-                begun = time.perf_counter()
+                engine.forget()
                 result = engine.generate(prompt, params)
-                rates[drafter].append(len(result.token_ids) / (time.perf_counter() - begun))
+                stats = result.stats
+                rates[drafter].append((len(result.token_ids) - 1) / (stats.wall_s - stats.ttft_s))
+                baseline = baseline or (result.token_ids if drafter == "none" else None)
                 identical[drafter] += result.token_ids == baseline
     total = len(PROMPTS) * args.rounds
     print(f"greedy, {args.max_new_tokens} tokens, {len(PROMPTS)} prompts x {args.rounds} rounds; "
