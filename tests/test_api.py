@@ -518,6 +518,80 @@ def test_a_body_over_the_limit_is_a_413_and_every_v1_path_answers_in_openais_sha
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}, (method, path)
 
 
+# ---------------------------------------------------------------- every drafter on the compiled steps
+
+
+def _with_a_compiling_4bit_target(name: str, config_path) -> "LoadedModels":
+    """The tiny preset as compile: auto loads a 4-bit CPU target: its linear layers on the int4
+    kernel (Q4_1 blocks of its own weights, as a GGUF target's), row-exact attention, and its
+    steps compiled in the background reading the EAGLE head's layers. (A tiny GGUF file is not
+    at hand, lean layers need wider layers than this model's, and two step sizes keep the
+    compile short.)"""
+    from transformers import AutoModelForCausalLM
+
+    from specdec_core.decoding.compiled import CompiledSteps
+    from specdec_core.kernels.int4_linear import quantise_linear_layers
+    from specdec_core.kernels.row_attention import use_row_exact_attention
+    from specdec_core.presets.loading import load_preset
+    from tests.test_compiled_runner import STEP_SIZES
+
+    models = load_preset(name, config_path, compile=False)  # the tokenizer, the draft, the EAGLE head
+    target = AutoModelForCausalLM.from_pretrained(Path(config_path).parent / "target").eval()
+    assert quantise_linear_layers(target) and use_row_exact_attention(target) is None
+    models.target = target
+    models.target_runner = CompiledSteps(target, name="target", step_sizes=STEP_SIZES,
+                                         feature_layers=models.eagle_head.layer_ids, background=True)
+    return models
+
+
+@pytest.fixture(scope="module")
+def compiled_server(tiny_app_config):
+    """The app and its API on that target, once its background compile has ended."""
+    from specdec_core.decoding.compiled import COMPILED_DYNAMIC
+    from specdec_core.kernels.int4_linear import kernel_problem
+
+    require(kernel_problem() is None, f"torch's int4 CPU kernel is needed here: {kernel_problem()}")
+    holder = app.ModelHolder(str(tiny_app_config), loader=_with_a_compiling_4bit_target, start_preset="tiny")
+    demo = launch_server(tiny_app_config, holder)
+    models = holder.get("tiny")
+    steps = models.target_runner
+    assert models.wait_for_compiling(600) and steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason
+    yield SimpleNamespace(api=demo.local_url + "v1", models=models)
+    demo.close()
+    holder.release()
+
+
+def test_after_the_background_compile_every_drafter_replies_as_the_baseline(compiled_server):
+    """Greedy replies through the API, in the running app after its compile: every drafter's
+    are the baseline's token for token, and every engine, eagle's and hybrid's too, decodes on
+    the compiled steps (they hand the EAGLE head its features), none on an eager fallback."""
+    models, steps = compiled_server.models, compiled_server.models.target_runner
+    client = openai.OpenAI(base_url=compiled_server.api, api_key="unused", max_retries=0, timeout=120)
+    compiled_calls = []
+    original_run = steps.run
+    steps.run = lambda *args: compiled_calls.append(args) or original_run(*args)
+    drafters = ("none", "prompt_lookup", "eagle", "hybrid", "model")
+    drafted = dict.fromkeys(drafters, 0)
+    for content in ("Tell me a story", "Repeat after me: one two three, one two three", "Say hi"):
+        replies = {}
+        for drafter in drafters:
+            for settings in ({"adaptive": False}, {}):  # drafting every round, and the app's default policy
+                compiled_calls.clear()
+                reply = ask(client, content, max_tokens=40, extra_body={
+                    "return_sources": True, "speculative": {"drafter": drafter, **settings}})
+                replies[drafter, str(settings)] = reply.choices[0].message.model_extra["token_ids"]
+                drafted[drafter] += reply.model_extra["speculative"]["drafted_tokens"]
+                assert compiled_calls, (drafter, settings)  # the reply ran the compiled steps
+        baseline = replies["none", "{}"]
+        assert all(tokens == baseline for tokens in replies.values()), (content, replies)
+    assert all(drafted[drafter] > 0 for drafter in drafters[1:]), drafted
+    for drafter in drafters:
+        for adaptive in (False, None):
+            assert models.engine(drafter, adaptive=adaptive).make_runner is steps, drafter
+    head_line = models.describe().splitlines()[-1]
+    assert head_line.startswith("eagle head: ") and head_line.endswith("decode: eager")  # not "the target decodes eagerly"
+
+
 # ---------------------------------------------------------------- sharing the device
 
 

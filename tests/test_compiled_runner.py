@@ -1,7 +1,8 @@
 """The compiled decode path on CPU (specdec_core/decoding/compiled.py): steps compiled with inductor's
 C++ wrapper on the growing cache. Every row of a compiled step must be bitwise what a compiled
-1-token step gives, so greedy speculation stays token-for-token plain decoding. The steps are
-compiled with an EAGLE head's feature tap in place, so they also hand the head its features."""
+1-token step gives, so greedy speculation stays token-for-token plain decoding. The steps also
+return the inputs of an EAGLE head's layers as outputs of their graphs, compiled now or in the
+background, so they hand the head its features and its engines keep the compiled target."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 from specdec_core import (EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine)
 from specdec_core.decoding import compiled as compiled_module
 from specdec_core.decoding.compiled import COMPILED_DYNAMIC, COMPILING, MIN_CONTEXT, CompiledRunner, CompiledSteps
-from specdec_core.decoding.features import feature_tap, untapped
+from specdec_core.decoding.features import StepFeatures, feature_tap, untapped
 from specdec_core.kernels.row_attention import MAX_ROWS, use_row_exact_attention
 from specdec_core.decoding.eager import CachedModel
 from specdec_core.decoding.static import EAGER_DYNAMIC
@@ -33,6 +34,15 @@ def compiled():
     assert use_row_exact_attention(model) is None
     steps = CompiledSteps(model, step_sizes=STEP_SIZES, feature_layers=_head(model).layer_ids, progress=False)
     assert steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason
+    return model, steps
+
+
+@pytest.fixture(scope="module")
+def background():
+    """The same, its steps compiled in the background (compile: auto), once that compile ended."""
+    model = _int4_tiny_llama(seed=43)
+    steps = CompiledSteps(model, step_sizes=STEP_SIZES, feature_layers=_head(model).layer_ids, background=True)
+    assert steps.wait(600) and steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason
     return model, steps
 
 
@@ -92,36 +102,49 @@ def test_speculation_on_compiled_steps_gives_plain_decodings_tokens(compiled, sm
     assert drafted > 0 and steps.compiled  # it drafted, and nothing fell back along the way
 
 
+@pytest.mark.parametrize("compiled_steps", ["compiled", "background"])
 @torch._dynamo.config.patch(error_on_recompile=True)  # a recompile would fall back
-def test_compiled_steps_hand_the_tap_each_real_tokens_features_without_recompiling(compiled):
-    model, steps = compiled
-    layers = steps.feature_layers
-    assert feature_tap(model, layers) is feature_tap(model, layers)  # one tap a model: its hooks were traced
+def test_compiled_steps_hand_the_tap_each_real_tokens_features_without_recompiling(compiled_steps, request):
+    model, steps = request.getfixturevalue(compiled_steps)
+    tap = feature_tap(model, steps.feature_layers)  # an engine's, made after the steps were compiled
+    ran = _counting_compiled_calls(steps)
     prompt, tokens = _tokens(3, 30), _tokens(4, 40)
-    eager, runner = CachedModel(model), steps()
-    for sizes in ((1, 3, 4, 7, MAX_ROWS), (2,)):
-        for reader in (eager, runner):
-            tap = feature_tap(model, layers)
+
+    def features(reader, sizes):
+        """What the tap holds after the prompt, then after each step of `sizes` tokens."""
+        tap.start()
+        reader.forward(prompt, last_only=True)  # a prompt: read eagerly by every reader
+        rows = [tap.take()]
+        for start in torch.tensor((0, *sizes)).cumsum(0)[:-1].tolist():
             tap.start()
-            reader.forward(prompt, last_only=True)  # a prompt, read eagerly by both
-            rows = [tap.take()]
-            for start, size in zip([0, 1, 4, 8, 15], sizes):
-                tap.start()
-                reader.forward(tokens[start : start + size])  # padded to 4, exact, in pieces of 4
-                rows.append(tap.take())
-            assert [len(r) for r in rows] == [len(prompt), *sizes[: len(rows) - 1]]
-            if reader is eager:
-                expected = rows
-            else:
-                for got, want in zip(rows, expected):
-                    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
-            reader.crop(0)
-    assert steps.compiled  # nothing recompiled or fell back
+            reader.forward(tokens[start : start + sizes[len(rows) - 1]])
+            rows.append(tap.take())
+        assert [len(r) for r in rows] == [len(prompt), *sizes]  # the real tokens' rows, no padding
+        return rows[0], torch.cat(rows[1:])
+
+    eager_prompt, eager_one_token = features(CachedModel(model), [1] * 32)
+    _, one_token = features(steps(), [1] * 32)
+    torch.testing.assert_close(one_token, eager_one_token, rtol=0, atol=1e-4)  # compiled as eager, up to rounding
+    for sizes in ((1, 3, 4, 7, MAX_ROWS), (2,)):  # padded to 4, exact, and in pieces of 4
+        prompt_rows, rows = features(steps(), list(sizes))
+        assert torch.equal(prompt_rows, eager_prompt)
+        assert torch.equal(rows, one_token[: len(rows)])  # each row bitwise a compiled 1-token step's
+    assert steps.compiled and ran  # the compiled steps ran, and nothing recompiled or fell back
 
 
+def _counting_compiled_calls(steps) -> list:
+    """A list that grows by one at each compiled step the steps run."""
+    calls = []
+    original_run = steps.run
+    steps.run = lambda *args: calls.append(args) or original_run(*args)
+    return calls
+
+
+@pytest.mark.parametrize("compiled_steps", ["compiled", "background"])
 @torch._dynamo.config.patch(error_on_recompile=True)
-def test_an_eagle_head_on_compiled_steps_keeps_plain_decodings_tokens(compiled, smol_tokenizer):
-    model, steps = compiled
+def test_an_eagle_head_on_compiled_steps_keeps_plain_decodings_tokens(compiled_steps, request, smol_tokenizer):
+    model, steps = request.getfixturevalue(compiled_steps)
+    ran = _counting_compiled_calls(steps)
     drafted = 0
     for seed in range(2):
         prompt = _tokens(20 + seed, 24) * 2
@@ -133,7 +156,7 @@ def test_an_eagle_head_on_compiled_steps_keeps_plain_decodings_tokens(compiled, 
             result = engine.generate(prompt, params)
             assert result.token_ids == plain.token_ids, (seed, type(drafter).__name__)
             drafted += result.stats.drafted_tokens
-    assert drafted > 0 and steps.compiled
+    assert drafted > 0 and ran and steps.compiled
 
 
 def test_a_tap_no_engine_reads_holds_only_the_last_forwards_rows(compiled, smol_tokenizer):
@@ -193,11 +216,9 @@ def test_steps_compiled_in_the_background_leave_eager_decoding_exact_meanwhile_t
     compile goes on in the pauses between replies."""
     monkeypatch.setattr(compiled_module, "_QUIET_S", 0.01)
     model = _int4_tiny_llama(seed=25)
-    tap = feature_tap(model, _head(model).layer_ids)  # an engine's tap: the compiling thread must not write it
     prompt, tokens = _tokens(50, 30), _tokens(51, 12)
     eager = _rows(CachedModel(model), prompt, tokens)
-    tap.start()
-    steps = CompiledSteps(model, step_sizes=STEP_SIZES, background=True)
+    steps = CompiledSteps(model, step_sizes=STEP_SIZES, feature_layers=_head(model).layer_ids, background=True)
     made_while_compiling = steps()
     checked_while_compiling = 0
     while steps.compiling:
@@ -206,7 +227,6 @@ def test_steps_compiled_in_the_background_leave_eager_decoding_exact_meanwhile_t
         checked_while_compiling += steps.compiling
         time.sleep(0.05)  # a pause between replies
     assert checked_while_compiling > 0 and steps.wait() and steps.decode_path == COMPILED_DYNAMIC
-    assert tap.take() is None  # neither the warm-up nor the eager steps ran through the model's tap
     compiled_rows = _rows(made_while_compiling, prompt, tokens)  # its begin() took the compiled steps
     foreground = CompiledSteps(model, step_sizes=STEP_SIZES, progress=False)
     assert torch.equal(compiled_rows, _rows(foreground(), prompt, tokens))
@@ -222,9 +242,7 @@ def test_a_generation_keeps_the_path_it_began_on():
     prompt, tokens = _tokens(60, 30), _tokens(61, 6)
     runner.forward(prompt, last_only=True)
     assert steps.wait()
-    calls = []
-    original_run = steps.run
-    steps.run = lambda *args: calls.append(args) or original_run(*args)
+    calls = _counting_compiled_calls(steps)
     runner.forward(tokens[:3])
     assert calls == []  # still eager: this generation began before the steps were ready
     runner.begin()
@@ -232,10 +250,16 @@ def test_a_generation_keeps_the_path_it_began_on():
     assert len(calls) == 1
 
 
-def test_a_background_compile_waits_while_a_runner_decodes():
+def test_a_background_compile_waits_while_a_runner_decodes_and_never_writes_an_engines_tap():
     """Its tracing is Python and would hold the GIL against every step: while runners decode,
-    the compiling thread waits in its trace function, and it goes on when they stop."""
-    steps = CompiledSteps(_int4_tiny_llama(seed=35), step_sizes=STEP_SIZES, background=True)
+    the compiling thread waits in its trace function, and it goes on when they stop. Its
+    warm-up runs the untapped twin: the features it computes are its graphs' outputs, never
+    written into a tap that an engine on the main thread reads."""
+    model = _int4_tiny_llama(seed=35)
+    layers = _head(model).layer_ids
+    tap = feature_tap(model, layers)  # an engine's tap, made before the compile starts
+    tap.start()
+    steps = CompiledSteps(model, step_sizes=STEP_SIZES, feature_layers=layers, background=True)
     waiting = False
     deadline = time.monotonic() + 10
     while not waiting and time.monotonic() < deadline:
@@ -245,6 +269,7 @@ def test_a_background_compile_waits_while_a_runner_decodes():
         waiting = frame is not None and frame.f_code.co_name == "_give_way"
     assert waiting and steps.compiling
     assert steps.wait(300) and steps.decode_path == COMPILED_DYNAMIC
+    assert tap.take() is None  # the warm-up (eager prompt and compiled steps) left nothing in it
 
 
 def test_closing_ends_a_background_compile_at_its_next_python_call():
@@ -253,12 +278,6 @@ def test_closing_ends_a_background_compile_at_its_next_python_call():
     steps.close()
     assert not steps.wait(30) and not steps.compiling
     assert steps.fallback_reason is None and steps.decode_path == EAGER_DYNAMIC
-
-
-def test_background_steps_refuse_to_read_features():
-    model = _int4_tiny_llama(seed=29)
-    with pytest.raises(ValueError, match="can't read features"):
-        CompiledSteps(model, step_sizes=STEP_SIZES, feature_layers=_head(model).layer_ids, background=True)
 
 
 def test_the_untapped_twin_computes_as_the_model_without_writing_its_tap():
@@ -273,6 +292,29 @@ def test_the_untapped_twin_computes_as_the_model_without_writing_its_tap():
     tap.start()
     assert torch.equal(CachedModel(twin).forward(tokens), expected)
     assert tap.take() is None
+
+
+def test_the_twin_of_a_model_with_device_hooks_runs_its_own_layers():
+    """accelerate's device hooks (a sharded or offloaded model) bind each module's forward to
+    that module: the twin's are bound to the twin, so its own layers (and their feature hooks)
+    run, and the model's taps stay untouched."""
+    from accelerate import dispatch_model
+
+    model = tiny_llama(31, vocab=VOCAB)
+    children = ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "model.rotary_emb", "lm_head"]
+    model = dispatch_model(model, dict.fromkeys(children, "cpu"), force_hooks=True)
+    assert "_old_forward" in vars(model) and "_old_forward" in vars(model.model.layers[0])
+    tap = feature_tap(model, (0, 1))
+    twin = untapped(model)
+    features = StepFeatures(twin, (0, 1))
+    tokens = _tokens(71, 12)
+    tap.start()
+    expected = CachedModel(model).forward(tokens)
+    assert tap.take() is not None
+    tap.start()
+    assert torch.equal(CachedModel(twin).forward(tokens), expected)
+    assert tap.take() is None
+    assert all(hidden is not None and len(hidden) == len(tokens) for hidden in features.take())
 
 
 # ---------------------------------------------------------------- dynamo's configuration, shared by the process

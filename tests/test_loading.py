@@ -148,7 +148,7 @@ def test_compiled_cpu_steps_read_the_eagle_heads_features_so_its_engines_stay_co
     models = load_preset("tiny-eagle", tiny_presets.config, compile=True)
     steps = models.target_runner
     assert isinstance(steps, CompiledSteps) and steps.compiled
-    assert steps.feature_layers == models.eagle_head.layer_ids
+    assert set(steps.feature_layers) == set(models.eagle_head.layer_ids)
     baseline = greedy_ids(models, "none", PROMPTS[1])
     for drafter in ("eagle", "hybrid"):
         assert models.make_engine(drafter=drafter).make_runner is steps
@@ -159,7 +159,7 @@ def test_compiled_cpu_steps_read_the_eagle_heads_features_so_its_engines_stay_co
 
 def test_auto_compiles_a_4bit_cpu_targets_steps_in_the_background(monkeypatch):
     """compile: auto on CPU: a 4-bit target (lean decoder layers) gets steps compiled in the
-    background, with a note; a single reply (compile_in_background=False) and an fp32 target stay
+    background, with a note, that return an EAGLE head's features too; a single reply (compile_in_background=False) and an fp32 target stay
     eager; compile: true compiles now. (torch.compile is the identity here, to keep this fast;
     test_compiled_runner compiles in the background for real.)"""
     from specdec_core.decoding.compiled import COMPILED_DYNAMIC, CompiledSteps
@@ -169,14 +169,15 @@ def test_auto_compiles_a_4bit_cpu_targets_steps_in_the_background(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
     stock, lean = _stock_and_lean()
     notes = []
-    steps = _cpu_runners(lean, None, "auto", notes, (), background_allowed=True)
+    steps = _cpu_runners(lean, None, "auto", notes, (1, 0), background_allowed=True)
     assert isinstance(steps, CompiledSteps) and steps.stepped is not lean  # its untapped twin
+    assert steps.feature_layers == (0, 1) and steps.reads_features((1, 0))
     assert notes == ["target: compiling 4 step shapes in the background, decoding eagerly until then"]
     assert steps.wait(60) and steps.decode_path == COMPILED_DYNAMIC
     assert _cpu_runners(lean, None, "auto", [], (), background_allowed=False) is None
     assert _cpu_runners(stock, None, "auto", [], (), background_allowed=True) is None
     now = _cpu_runners(lean, None, True, [], (), background_allowed=True)
-    assert now.stepped is lean and now.decode_path == COMPILED_DYNAMIC
+    assert now.stepped is not lean and now.decode_path == COMPILED_DYNAMIC
 
 
 def test_trust_remote_code_only_when_the_preset_opts_in(monkeypatch, tiny_presets):

@@ -184,6 +184,51 @@ def test_compiled_steps_are_lossless(smol_tokenizer):
     assert steps.compiled  # no fallback happened along the way
 
 
+@pytest.mark.parametrize("compile", [False, True])
+def test_static_steps_return_an_eagle_heads_features_so_it_decodes_on_them(compile, smol_tokenizer):
+    """Built with an EAGLE head's layers, the fixed-shape steps return their inputs beside the
+    logits (CUDA graphs run no hooks): the tap gets each real token's rows, padding left out,
+    as an eager forward gives them, and a head fitted to the target is accepted on those steps
+    with the output still the target's. compile=True traces the steps with dynamo
+    (backend "eager", fullgraph, as on CUDA, without generating code); CUDA graphs themselves
+    are not run here."""
+    from specdec_core import EagleDrafter, HybridDrafter
+    from specdec_core.decoding.features import feature_tap
+    from tests.tiny_models import fitted_eagle_head
+
+    target = tiny_llama(seed=15, vocab=1000, init=0.2)
+    prompts = [random_prompt(60 + i) for i in range(2)]
+    expected = [eager_baseline(target, smol_tokenizer, prompt) for prompt in prompts]
+    head = fitted_eagle_head(target, [p + e for p, e in zip(prompts, expected)])
+    steps = StaticSteps(target, compile=compile, step_sizes=(1, 4), max_length=96, progress=False,
+                        backend="eager", feature_layers=head.layer_ids)
+    assert steps.reads_features(head.layer_ids) and steps.fallback_reason is None
+    tap = feature_tap(target, head.layer_ids)  # made after the steps: they need none of its hooks
+    tokens = expected[0][:9]
+    rows = {}
+    for name, reader in (("eager", CachedModel(target)), ("static", steps())):
+        tap.start()
+        reader.forward(prompts[0], last_only=True)
+        rows[name] = [tap.take()]
+        for piece in (tokens[:1], tokens[1:4], tokens[4:8], tokens[8:]):  # padded to 1, 4, exact, 1
+            tap.start()
+            reader.forward(piece)
+            rows[name].append(tap.take())
+    assert [len(r) for r in rows["static"]] == [len(prompts[0]), 1, 3, 4, 1]
+    for got, want in zip(rows["static"], rows["eager"]):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    for drafter in (EagleDrafter(head), HybridDrafter(EagleDrafter(head))):
+        engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter, draft_length=2, adaptive=False,
+                                   make_runner=steps)
+        accepted = 0
+        for prompt, reference in zip(prompts, expected):
+            result = engine.generate(prompt, SamplingParams(max_new_tokens=NEW_TOKENS, seed=0))
+            assert result.token_ids == reference, drafter.name
+            accepted += result.stats.accepted_tokens
+        assert accepted > 0, drafter.name  # the features lined up: the fitted head was accepted
+    assert steps.compiled == compile and steps.fallback_reason is None
+
+
 def _unavailable_compile(*args, **kwargs):
     raise RuntimeError("torch.compile is not available on this machine")
 

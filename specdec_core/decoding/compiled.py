@@ -18,10 +18,13 @@ shapes: the context length is a symbol, and one graph per step size serves every
   inductor specialises a dimension of size 0 or 1, so a compiled graph needs some context.
 - More than MAX_STEP_TOKENS tokens (a prompt) are read eagerly on the same cache, as every method reads
   them.
-- Built with `feature_layers` (an EAGLE head's), the steps are compiled with the model's
-  FeatureTap on those layers already in place (features.py), so the compiled graphs hand the
-  head its features too and its engines keep the compiled target. Each piece's rows are
-  settled into the tap, padding left out.
+- The steps run an untapped twin of the model (features.py), so compiling them (on this thread
+  or another) never writes into a tap that engines read. Built with `feature_layers` (an EAGLE
+  head's), the step returns those layers' inputs as outputs of its graph beside the logits
+  (features.StepFeatures), and the runner settles each piece's rows into the model's taps,
+  padding left out: the head's engines keep the compiled target, in the background too. Eager
+  steps (the prompt, the first MIN_CONTEXT tokens, a generation begun before the compile
+  ended) run the model itself, whose hooks fill its taps.
 - Dynamo's guards inside the model are skipped (checking them took a tenth of a 1-token step),
   so each CompiledSteps compiles its own copy of the step's code: no other model is ever handed
   its graphs.
@@ -29,8 +32,7 @@ shapes: the context length is a symbol, and one graph per step size serves every
   TORCHINDUCTOR_CACHE_DIR), and a later start takes a minute or two. So `compile: auto`
   compiles them in the background (`background=True`, for a 4-bit target): a thread compiles
   while runners step eagerly, and each runner takes the compiled steps at the first generation
-  it begins once they are ready. That thread steps an untapped twin of the model (features.py),
-  so the background steps read no features. The compile gives way to decoding: its tracing is
+  it begins once they are ready. The compile gives way to decoding: its tracing is
   Python and would hold the GIL against every step (_give_way). And
   torch.compiler.is_compiling() is one flag for the process, true in every thread while one
   compiles, so the cache asks torch.compiler.is_dynamo_compiling() instead.
@@ -54,7 +56,7 @@ import weakref
 
 import torch
 
-from .features import feature_tap, settle_features, start_features, untapped
+from .features import StepFeatures, settle_features, start_features, untapped
 from .base import EAGER_DYNAMIC, MAX_STEP_TOKENS, DecodePath, model_name
 from .compiling import PAD_TOKEN, allow_a_graph_per_shape, compile_failed
 from .eager import CachedModel, GrowingLayer, cache_kwargs
@@ -80,7 +82,7 @@ _INDUCTOR_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
 # hooks, attributes, the type and shape of each of their 270 tensors). On SmolLM2's 1-token step
 # on two cores that took 1.5 ms of 12 (interleaved, median of 60: 12.0 ms with them, 10.5
 # without). The steps belong to one model, prepared before compiling (4-bit layers, row-exact
-# attention, the EAGLE head's feature tap) and not changed after, so only the guards inside its
+# attention, the twin's feature hooks) and not changed after, so only the guards inside its
 # modules are skipped; those on the step's input and the cache stay. (torch >= 2.7 has the filter.)
 _SKIP_GUARDS_INSIDE_THE_MODEL = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
 
@@ -93,13 +95,11 @@ class CompiledSteps(DecodePath):
                  background: bool = False) -> None:
         self.model = model.eval()
         self.name = name or model_name(model)
-        if background and feature_layers:
-            raise ValueError("steps compiled in the background run an untapped twin: they can't read features")
-        # What the steps run: the model itself, or in the background its untapped twin, so the warm-up
-        # on its own thread never writes into the taps that engines on the main thread read.
-        self.stepped = untapped(self.model) if background else self.model
-        # The tap's hooks must be on the layers before tracing: compiled steps never call hooks added later.
-        self.feature_layers = feature_tap(model, feature_layers).layer_ids
+        # What the compiled steps run: the model's untapped twin, so no compile (on whatever thread)
+        # writes into the taps engines read; its own hooks hand the step the features it returns.
+        self.stepped = untapped(self.model)
+        self._features = StepFeatures(self.stepped, feature_layers)
+        self.feature_layers = self._features.layer_ids
         self.step_sizes = tuple(sorted(set(int(s) for s in step_sizes)))
         if not self.step_sizes or self.step_sizes[0] != 1:
             raise ValueError(f"step_sizes must include 1, got {self.step_sizes}")
@@ -142,8 +142,9 @@ class CompiledSteps(DecodePath):
         return self._compiling is not None and self._compiling.is_alive()
 
     def reads_features(self, layer_ids: tuple[int, ...]) -> bool:
-        """Whether these steps hand a drafter reading `layer_ids` its features (see feature_layers)."""
-        return not layer_ids or tuple(layer_ids) == self.feature_layers
+        """Whether these steps hand a drafter reading `layer_ids` its features: the compiled
+        steps return those of feature_layers; eager ones (compiling failed) run the model's hooks."""
+        return not self.compiled or set(layer_ids) <= set(self.feature_layers)
 
     def __call__(self, model=None) -> CachedModel:
         self._check_model(model)
@@ -216,22 +217,26 @@ class CompiledSteps(DecodePath):
         """The step size that runs `tokens` tokens (the largest one for more)."""
         return next((size for size in self.step_sizes if size >= tokens), self.step_sizes[-1])
 
-    def run(self, runner: CompiledRunner, token_ids: list[int]) -> torch.Tensor | None:
-        """Logits [n, V] of one padded compiled step, or None if compiling failed (now or before)."""
+    def run(self, runner: CompiledRunner, token_ids: list[int]) -> tuple[torch.Tensor, dict] | None:
+        """One padded compiled step: logits [n, V] and the inputs of feature_layers by layer
+        ([size, H] each, padding included), or None if compiling failed (now or before)."""
         if not self.compiled:
             return None
         size = self.bucket(len(token_ids))
         runner.reserve(size)
         padded = torch.tensor([token_ids + [PAD_TOKEN] * (size - len(token_ids))])
         try:
-            return self._step(padded, runner.cache)[0, : len(token_ids)]
+            logits, features = self._step(padded, runner.cache)
         except Exception as error:
             self._fall_back(error)
             return None
+        return logits[0, : len(token_ids)], self._features.by_layer(features)
 
-    def _logits(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
-        """The compiled function: logits [1, n, V] of input_ids after the cached tokens."""
-        return self.stepped(input_ids=input_ids, **{self._cache_keyword: cache}, use_cache=True).logits
+    def _logits(self, input_ids: torch.Tensor, cache) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The compiled function: logits [1, n, V] of input_ids after the cached tokens, and the
+        inputs of feature_layers in that call (outputs of the graph, not writes into a tap)."""
+        logits = self.stepped(input_ids=input_ids, **{self._cache_keyword: cache}, use_cache=True).logits
+        return logits, self._features.take()
 
     def _fall_back(self, error: BaseException) -> None:
         if self.compiled:
@@ -281,7 +286,9 @@ class CompiledRunner(CachedModel):
     first generation that begins (begin()) once they are ready."""
 
     def __init__(self, steps: CompiledSteps, warming_up: bool = False) -> None:
-        super().__init__(steps.stepped)
+        # Eager steps run the model, whose hooks fill the taps engines read; the warm-up (on a
+        # compiling thread, perhaps) runs the twin, which writes none of them.
+        super().__init__(steps.stepped if warming_up else steps.model)
         self._steps = steps
         self._compiled = warming_up or steps.ready.is_set()  # the warm-up: compiled at once
 
@@ -316,12 +323,13 @@ class CompiledRunner(CachedModel):
     def _step(self, piece: list[int]) -> torch.Tensor:
         """Float32 logits [n, V] of one piece: compiled where it can be, else eagerly."""
         length = self.length
-        logits = self._steps.run(self, piece) if self._compiled and length >= MIN_CONTEXT else None
-        if logits is None:  # no context yet, or compiling failed (then this and later steps run eagerly)
-            logits = super().forward(piece)
+        compiled = self._steps.run(self, piece) if self._compiled and length >= MIN_CONTEXT else None
+        if compiled is None:  # no context yet, or compiling failed (then this and later steps run eagerly)
+            logits, features = super().forward(piece), None  # (the model's hooks fill its taps)
         else:
+            logits, features = compiled
             self._hold(length + len(piece))  # the piece's keys and values, not the padding's
-        settle_features(self.model, len(piece))  # the features of this piece's tokens, not the padding's
+        settle_features(self.model, len(piece), features)  # this piece's tokens' features, not the padding's
         return logits.float()
 
     def reserve(self, tokens: int) -> None:

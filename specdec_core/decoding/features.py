@@ -7,19 +7,25 @@ residual stream entering each layer, which is what EAGLE-3 calls the hidden stat
 layer (vLLM's aux hidden state ids). No extra target forward, and no output_hidden_states for
 all layers.
 
-The tap's hooks are made once per model and layer set and stay, and each only overwrites the
-latest input it saw: so torch.compile traces them into compiled steps like any other part of
-the forward (the compiled graph returns those inputs, and dynamo replays the assignment), with
-no graph break and no recompile when the tap is read or cleared. Hooks put on after compiling
-are not called by the compiled steps (dynamo does not guard on module hooks), so the steps are
-compiled with the tap already there (decoding/compiled.py's feature_layers). A runner that reads one forward
-in several model calls (compiled steps in pieces) settles each call's rows (`settle_features`).
-transformers' own output_hidden_states would break the compiled graph: it adds hooks per call.
+Two ways fill a tap:
+- Eager forwards of the model run its hooks: each overwrites the latest input its layer saw.
+- Compiled steps (decoding/compiled.py on CPU, decoding/static.py's CUDA graphs) run an
+  untapped twin of the model (`untapped`) with hooks of its own (`StepFeatures`) that the
+  step function reads back and returns as outputs of the compiled graph, beside the logits.
+  The runner then hands those rows to the model's taps (`settle_features(..., given=...)`).
+  So no compiled graph ever writes into a tap an engine reads (a compile on another thread
+  can't reach it), CUDA graphs need no hook to run at replay, and the steps serve whatever
+  layers they were built with, whenever the taps engines read were made.
+A runner that reads one forward in several model calls (compiled steps in pieces) settles each
+call's rows (`settle_features`). transformers' own output_hidden_states would break the
+compiled graph: it adds hooks per call.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import types
 import weakref
 
 import torch
@@ -72,7 +78,24 @@ def _shallow_copy(module: nn.Module, dropped_hooks: set[int] = frozenset(), **ch
     twin._modules = {**module._modules, **children}
     twin._forward_pre_hooks = type(module._forward_pre_hooks)(
         (hook_id, hook) for hook_id, hook in module._forward_pre_hooks.items() if hook_id not in dropped_hooks)
+    # Its own: hooks registered on the twin (StepFeatures) note here how they are called.
+    twin._forward_pre_hooks_with_kwargs = type(module._forward_pre_hooks_with_kwargs)(
+        module._forward_pre_hooks_with_kwargs)
+    if "_old_forward" in module.__dict__:
+        _rebind_device_hook(module, twin)
     return twin
+
+
+def _rebind_device_hook(module: nn.Module, twin: nn.Module) -> None:
+    """accelerate's device hooks (a model sharded over GPUs or offloaded) replace a module's
+    forward with one bound to that module, which would run the original's children, not the
+    twin's: bind the twin's to the twin."""
+    forward, old_forward = module.forward, module._old_forward
+    if not (isinstance(forward, functools.partial) and forward.args[:1] == (module,)
+            and getattr(old_forward, "__self__", None) is module):
+        raise ValueError(f"{type(module).__name__} has a forward hook this path can't copy: decode it eagerly")
+    twin._old_forward = types.MethodType(old_forward.__func__, twin)
+    twin.forward = functools.update_wrapper(functools.partial(forward.func, twin), old_forward)
 
 
 def start_features(model) -> None:
@@ -82,11 +105,12 @@ def start_features(model) -> None:
         tap.start()
 
 
-def settle_features(model, rows: int) -> None:
+def settle_features(model, rows: int, given: dict[int, torch.Tensor] | None = None) -> None:
     """The model call just made is one part of a longer forward: keep the first `rows` rows it
-    left in each of the model's taps, before the next call overwrites them."""
+    left in each of the model's taps, before the next call overwrites them. `given`: the layer
+    inputs a compiled step returned (by layer), for a call that ran no hooks of the model."""
     for tap in _TAPS.get(model, {}).values():
-        tap.settle(rows)
+        tap.settle(rows, given)
 
 
 class FeatureTap:
@@ -124,9 +148,12 @@ class FeatureTap:
         self._latest.update(dict.fromkeys(self._latest))
         self._settled.clear()
 
-    def settle(self, rows: int | None) -> None:
-        """Keep the first `rows` rows of the last model call (see settle_features)."""
+    def settle(self, rows: int | None, given: dict[int, torch.Tensor] | None = None) -> None:
+        """Keep the first `rows` rows of the last model call (see settle_features): what the
+        hooks left, or for a compiled step the layer inputs it returned (`given`)."""
         for index, hidden in self._latest.items():
+            if given is not None:
+                hidden = given.get(index)
             if hidden is not None:
                 self._settled.setdefault(index, []).append(hidden[:rows])
         self._latest.update(dict.fromkeys(self._latest))
@@ -139,3 +166,42 @@ class FeatureTap:
         self._settled.clear()
         first = by_layer[self.layer_ids[0]]
         return torch.cat([by_layer[i].to(first.device) for i in self.layer_ids], dim=-1)
+
+
+class StepFeatures:
+    """The layer inputs a compiled step returns as outputs of its graph (see the module).
+
+    Forward pre-hooks on the layers of `twin`, an untapped twin of the target that only the
+    compiled step function runs: they leave each layer's input in a dict of their own, and the
+    step function, right after the model's forward, takes them out (`take`) and returns them.
+    Taking empties the dict inside the traced function too, so a compiled graph's outputs (CUDA
+    graphs' buffers, overwritten at the next replay) are never held here between calls.
+    """
+
+    def __init__(self, twin, layer_ids: tuple[int, ...]) -> None:
+        self.layer_ids = tuple(sorted(set(layer_ids)))  # each layer once, in order
+        layers = decoder_layers(twin) if self.layer_ids else ()
+        bad = [i for i in self.layer_ids if not 0 <= i < len(layers)]
+        if bad:
+            raise ValueError(f"feature layers {bad} are outside the target's {len(layers)} layers")
+        # Fixed keys, values only assigned: dynamo guards on neither (see FeatureTap._latest).
+        self._latest: dict[int, torch.Tensor | None] = dict.fromkeys(self.layer_ids)
+        for i in self.layer_ids:
+            layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True)
+
+    def _hook(self, index: int):
+        def capture(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            self._latest[index] = hidden[0]  # [n, H]; batch size 1
+        return capture
+
+    def take(self) -> tuple[torch.Tensor, ...]:
+        """The inputs of layer_ids in the model call just made (called inside the step function)."""
+        taken = tuple(self._latest[i] for i in self.layer_ids)
+        for i in self.layer_ids:
+            self._latest[i] = None
+        return taken
+
+    def by_layer(self, taken: tuple[torch.Tensor, ...]) -> dict[int, torch.Tensor]:
+        """A compiled step's returned features by layer id (settle_features' `given`)."""
+        return dict(zip(self.layer_ids, taken))

@@ -20,6 +20,11 @@ for shapes that never change. So:
 - Every step attends over all `max_length` slots (the mask hides the unfilled ones), so the
   cache is sized to what a chat needs (1024 tokens by default, the model's context at most),
   not to the model's context: on a GPU the attention over unused slots is memory traffic.
+- Built with `feature_layers` (an EAGLE head's), each step also returns the inputs of those
+  target layers as outputs of its graph (features.StepFeatures: CUDA graphs replay no hooks),
+  and the runner hands the real tokens' rows to the model's taps, so the head's engines decode
+  on the compiled steps. The steps run an untapped twin of the model for that; eager steps (a
+  prompt, a spilled sequence) run the model, whose hooks fill its taps.
 - A sequence that outgrows `max_length` moves its cache into a DynamicCache and continues
   eagerly: correct, just not compiled. Once a rollback or a new turn brings the sequence back
   within `max_length` (a retry, a cleared chat), it moves back onto the static cache.
@@ -43,6 +48,7 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
 from .base import EAGER_DYNAMIC, DecodePath, context_limit, model_name
+from .features import StepFeatures, settle_features, start_features, untapped
 from .compiling import PAD_TOKEN, allow_a_graph_per_shape, compile_failed, step_buckets
 from .eager import CachedModel, cache_kwargs, cache_memory_bytes
 
@@ -77,13 +83,20 @@ class StaticSteps(DecodePath):
         progress: bool = True,
         name: str | None = None,
         backend: str = "inductor",
+        feature_layers: tuple[int, ...] = (),
     ) -> None:
         """max_length: tokens the cache holds (default: DEFAULT_MAX_LENGTH, at most the model's
         context). step_sizes: the fixed step shapes, in tokens. compile: False runs the
         same static-cache steps eagerly (for tests and comparisons). warmup: compile every
         step shape now, with a progress bar (progress=False hides it). backend: torch.compile's
-        ("eager" traces the steps without generating code: the CPU self-check uses it)."""
+        ("eager" traces the steps without generating code: the CPU self-check uses it).
+        feature_layers: target layers whose inputs the steps return too (an EAGLE head's)."""
         self.model = model.eval()
+        # What the fixed-shape steps run: the model's untapped twin, whose own hooks hand the step
+        # function the features it returns (engines' taps are filled from those, see _fixed_step).
+        self.stepped = untapped(self.model)
+        self._features = StepFeatures(self.stepped, feature_layers)
+        self.feature_layers = self._features.layer_ids
         self.device = model.device
         self.name = name or model_name(model)
         self.step_sizes = tuple(sorted(set(int(s) for s in step_sizes)))
@@ -114,8 +127,10 @@ class StaticSteps(DecodePath):
         return EAGER_DYNAMIC if self.fallback_reason else EAGER_STATIC
 
     def reads_features(self, layer_ids: tuple[int, ...]) -> bool:
-        """CUDA graphs replay no hooks: compiled steps hand a drafter no features."""
-        return not layer_ids or not self.compiled
+        """Whether runners hand a drafter reading `layer_ids` its features: the fixed-shape
+        steps return those of feature_layers (CUDA graphs replay no hooks); where compiling
+        failed, runners are eager CachedModels, which run the model's hooks."""
+        return self.fallback_reason is not None or set(layer_ids) <= set(self.feature_layers)
 
     def __call__(self, model=None):
         """A runner for one generation (CachedModel's interface). `model` must be ours."""
@@ -171,7 +186,7 @@ class StaticSteps(DecodePath):
                     f"{self.name} has sliding-window or linear-attention layers: the static cache "
                     "can't roll back by position there; use the eager dynamic cache"
                 )
-        slot = _Slot(self.model, cache)
+        slot = _Slot(self.stepped, cache, self._features)
         with torch.no_grad():
             self._eager(slot, [PAD_TOKEN], 0, True)  # allocates K/V on each layer's device
         if self.compiled:
@@ -193,20 +208,22 @@ class StaticSteps(DecodePath):
         return slot
 
     def _fixed_step(self, slot: _Slot, token_ids: list[int], start: int, bucket: int) -> torch.Tensor:
-        """The fixed-shape step: [start, ids..., PAD...] (1 + bucket values) -> float32 logits [n, V]."""
+        """The fixed-shape step: [start, ids..., PAD...] (1 + bucket values) -> float32 logits [n, V];
+        the real tokens' features (feature_layers) go to the model's taps."""
         n = len(token_ids)
         packed = torch.tensor([start, *token_ids, *[PAD_TOKEN] * (bucket - n)], device=self.device)
-        logits = None
+        out = None
         if self.compiled and slot.compiled is not None:
             try:
                 if self.cuda:
                     torch.compiler.cudagraph_mark_step_begin()
-                logits = slot.compiled(packed)
+                out = slot.compiled(packed)
             except Exception as error:
                 self._fall_back(error)
-        if logits is None:
-            logits = slot.step(packed)
-        # A copy: CUDA graphs overwrite their output buffer at the next replay.
+        logits, features = out if out is not None else slot.step(packed)
+        # Copies: CUDA graphs overwrite their output buffers at the next replay.
+        given = {layer: hidden[:n].clone() for layer, hidden in self._features.by_layer(features).items()}
+        settle_features(self.model, n, given)
         return logits[0, :n].to(torch.float32, copy=True)
 
     def _eager(self, slot: _Slot, token_ids: list[int], start: int, last_only: bool) -> torch.Tensor:
@@ -230,8 +247,9 @@ class StaticSteps(DecodePath):
 class _Slot:
     """One preallocated cache, its step function (compiled or not) and the runner holding it."""
 
-    def __init__(self, model, cache: StaticCache) -> None:
-        self.model = model
+    def __init__(self, model, cache: StaticCache, features: StepFeatures) -> None:
+        self.model = model  # the untapped twin (StaticSteps.stepped)
+        self.features = features
         self.cache = cache
         self.cache_arg = cache_kwargs(model, cache)  # looked up here, not inside the compiled step
         self.layers = list(cache.layers)
@@ -243,15 +261,16 @@ class _Slot:
         for layer in self.layers:
             layer.cumulative_length.copy_(start)
 
-    def step(self, packed: torch.Tensor) -> torch.Tensor:
-        """packed = [start, token ids...] -> logits [1, len(packed) - 1, V]. The compiled function.
+    def step(self, packed: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """packed = [start, token ids...] -> (logits [1, len(packed) - 1, V], the inputs of the
+        feature layers [len(packed) - 1, H] each). The compiled function.
 
         The position travels in the same tensor as the tokens: one host-to-device copy a step,
         and under CUDA graphs the cache's length counters are set inside the graph.
         """
         self.set_position(packed[0])
         out = self.model(input_ids=packed[1:].unsqueeze(0), **self.cache_arg, use_cache=True)
-        return out.logits
+        return out.logits, self.features.take()
 
 
 class StaticCacheRunner:
@@ -277,6 +296,7 @@ class StaticCacheRunner:
     @torch.no_grad()
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         """Run the tokens that follow the cached ones; return float32 logits [n, V] ([1, V] if last_only)."""
+        start_features(self._steps.model)  # taps no engine reads keep one forward's rows, not every step's
         if self._dynamic is None and self._length + len(token_ids) > self._steps.max_length:
             self._spill()
         if self._dynamic is not None:

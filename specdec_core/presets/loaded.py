@@ -86,7 +86,9 @@ class LoadedModels:
         built = self._drafter(drafter)
         target_path = self.path("target")
         if built is not None and not target_path.reads_features(built.feature_layers):
-            target_path = EagerPath(self.target)  # the compiled steps can't hand it the target's features: eager forwards can
+            # Steps built without these layers (compiled steps return the features they were
+            # built for, an EAGLE head's at load): eager forwards read any layer. The models panel says so.
+            target_path = EagerPath(self.target)
         return SpeculativeEngine(
             self.target,
             self.tokenizer,

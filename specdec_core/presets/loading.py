@@ -199,7 +199,8 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
             runners.append(None)
             continue
         try:
-            steps = StaticSteps(model, step_sizes=sizes, name=role)
+            layers = feature_layers if role == "target" else ()  # an EAGLE head reads the target's
+            steps = StaticSteps(model, step_sizes=sizes, name=role, feature_layers=layers)
         except ValueError as error:  # a model the static cache can't serve (sliding window)
             notes.append(f"{role}: decoding eagerly: {error}")
             runners.append(None)
@@ -212,11 +213,11 @@ def _cpu_runners(target, draft, setting: bool | str, notes: list[str], feature_l
                  background_allowed: bool):
     """The target's CompiledSteps on CPU (inductor's C++ wrapper on its growing cache), or None.
 
-    `compile: true` compiles them now, reading the target layers `feature_layers` for an EAGLE
-    head too. `auto` compiles a 4-bit target's steps (lean decoder layers, where compiling pays
-    most: 14.6 -> 8.4 ms a SmolLM2 step) in the background: decoding starts eagerly at once and
-    takes the compiled steps from the first reply after they are ready, minutes later. Those
-    steps read no features (an EAGLE engine reads the target eagerly). A draft stays eager.
+    `compile: true` compiles them now. `auto` compiles a 4-bit target's steps (lean decoder
+    layers, where compiling pays most: 14.6 -> 8.4 ms a SmolLM2 step) in the background:
+    decoding starts eagerly at once and takes the compiled steps from the first reply after
+    they are ready, minutes later. Either way the steps also return the inputs of the target
+    layers `feature_layers` (an EAGLE head's), so its engines decode on them. A draft stays eager.
     """
     from ..decoding.compiled import CompiledSteps
     from ..kernels.lean_layers import uses_lean_layers
@@ -228,7 +229,7 @@ def _cpu_runners(target, draft, setting: bool | str, notes: list[str], feature_l
     if draft is not None:
         notes.append("draft: decoding eagerly (on CPU only the target's steps are compiled)")
     if background:
-        steps = CompiledSteps(target, name="target", background=True)
+        steps = CompiledSteps(target, name="target", feature_layers=feature_layers, background=True)
         notes.append(f"target: compiling {len(steps.step_sizes)} step shapes in the background, decoding "
                      "eagerly until then")
         return steps
