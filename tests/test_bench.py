@@ -222,7 +222,10 @@ def test_small_run_reports_the_bandwidth_ceiling_and_each_methods_share(tiny_run
     report = json.loads((out / "results.json").read_text())
     b = report["bandwidth"]
     assert b["weight_bytes_per_step"] > 0 and b["read_bandwidth_gbs"] > 0
-    assert b["ceiling_tokens_per_s"] == pytest.approx(b["read_bandwidth_gbs"] * 1e9 / b["weight_bytes_per_step"], rel=0.01)
+    # read_bandwidth_gbs is rounded to 0.1 GB/s: on a busy machine (a few GB/s) that alone moves it by 2%
+    rounding = 0.05 / b["read_bandwidth_gbs"]
+    assert b["ceiling_tokens_per_s"] == pytest.approx(b["read_bandwidth_gbs"] * 1e9 / b["weight_bytes_per_step"],
+                                                      rel=rounding + 0.001)
     assert set(b["share_of_ceiling"]) == set(report["results"])
     tps = report["results"]["ours-baseline"]["overall"]["tokens_per_second"]
     assert b["share_of_ceiling"]["ours-baseline"] == pytest.approx(tps / b["ceiling_tokens_per_s"], rel=0.01, abs=1e-3)
