@@ -366,3 +366,24 @@ def test_a_background_compile_that_fails_says_so_once_and_waiting_ends(monkeypat
     assert steps.decode_path == EAGER_DYNAMIC and "does not exist" in steps.fallback_reason
     assert "torch.compile failed: AttributeError" in _decode_path(steps, detailed=True)
     assert type(steps()) is CachedModel
+
+
+def test_a_closed_compile_never_stops_where_a_lock_is_being_released():
+    """Stopping as logging's Handler.release (or a context manager's __exit__) is called skips
+    its body and leaves its lock held: the process then hung at exit, in logging."""
+    import logging as logging_module
+    from types import SimpleNamespace
+
+    def frame_of(function) -> SimpleNamespace:
+        return SimpleNamespace(f_code=function.__code__, f_globals=function.__globals__)
+
+    may_stop_in = compiled_module._may_stop_in
+    assert not may_stop_in(frame_of(logging_module.Handler.release))
+    assert not may_stop_in(frame_of(logging_module.Logger.isEnabledFor))
+    assert may_stop_in(frame_of(CompiledSteps.warm_up))
+    steps = CompiledSteps(_int4_tiny_llama(seed=43), step_sizes=(1,), background=True)
+    steps.close()
+    steps._give_way(frame_of(logging_module.Handler.release), "call", None)  # returns: no stop there
+    with pytest.raises(compiled_module._Closed):
+        steps._give_way(frame_of(CompiledSteps.warm_up), "call", None)
+    steps.wait(30)

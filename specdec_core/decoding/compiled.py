@@ -190,7 +190,7 @@ class CompiledSteps(DecodePath):
         meanwhile, at a lower priority."""
         while time.monotonic() - self._last_decoded < _QUIET_S and not self._closed:
             time.sleep(_QUIET_S / 4)
-        if self._closed:
+        if self._closed and _may_stop_in(frame):
             raise _Closed
 
     def warm_up(self, progress: bool = True) -> None:
@@ -243,6 +243,20 @@ class CompiledSteps(DecodePath):
             self.compiled = False
             if not self._closed:  # (closing stops a background compile with an error: not a failure)
                 self.fallback_reason = compile_failed(logger, self.name, error)
+
+
+# Where a closed compile must not stop: raised as such a function is called, _Closed would skip
+# its body, and a lock it exists to release (logging's Handler.release, a Python context
+# manager's __exit__) would stay held for good: the process then hung in logging at exit.
+_CLEANUP_MODULES = ("logging", "threading", "contextlib", "queue", "concurrent", "weakref", "_weakrefset")
+_CLEANUP_FUNCTIONS = ("__exit__", "__aexit__", "release", "_releaseLock", "close", "flush", "__del__")
+
+
+def _may_stop_in(frame) -> bool:
+    """Whether a closed background compile may stop as `frame`'s function is called (else it
+    stops at a later call)."""
+    module = frame.f_globals.get("__name__", "").split(".")[0]
+    return module not in _CLEANUP_MODULES and frame.f_code.co_name not in _CLEANUP_FUNCTIONS
 
 
 class _Closed(Exception):
