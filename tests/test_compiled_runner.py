@@ -285,7 +285,10 @@ def test_the_untapped_twin_computes_as_the_model_without_writing_its_tap():
     tap = feature_tap(model, (0, 1))
     twin = untapped(model)
     assert all(a is b for a, b in zip(twin.parameters(), model.parameters()))  # one set of weights
-    tokens = _tokens(70, 12)
+    _assert_twin_computes_as_model_without_its_tap(model, twin, tap, _tokens(70, 12))
+
+
+def _assert_twin_computes_as_model_without_its_tap(model, twin, tap, tokens: list[int]) -> None:
     tap.start()
     expected = CachedModel(model).forward(tokens)
     assert tap.take() is not None
@@ -308,12 +311,7 @@ def test_the_twin_of_a_model_with_device_hooks_runs_its_own_layers():
     twin = untapped(model)
     features = StepFeatures(twin, (0, 1))
     tokens = _tokens(71, 12)
-    tap.start()
-    expected = CachedModel(model).forward(tokens)
-    assert tap.take() is not None
-    tap.start()
-    assert torch.equal(CachedModel(twin).forward(tokens), expected)
-    assert tap.take() is None
+    _assert_twin_computes_as_model_without_its_tap(model, twin, tap, tokens)
     assert all(hidden is not None and len(hidden) == len(tokens) for hidden in features.take())
 
 
