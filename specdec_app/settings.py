@@ -57,30 +57,26 @@ CONTROLS = ("preset", "drafter", "temperature", "top_p", "top_k", "max_new_token
             "baseline", "compare")
 
 
-def _skip() -> dict:
-    return gr.skip()
-
-
 @dataclass
 class View:
     """Everything a chat event updates, by name; a field left out is left as it is. The event's
     outputs are the layout's elements of the same names, in this order (outputs())."""
 
-    msg: object = field(default_factory=_skip)
-    chat: object = field(default_factory=_skip)
-    chat_baseline: object = field(default_factory=_skip)
-    turns: object = field(default_factory=_skip)
-    stats: object = field(default_factory=_skip)
-    plot: object = field(default_factory=_skip)
-    speedup: object = field(default_factory=_skip)
-    models: object = field(default_factory=_skip)
-    live: object = field(default_factory=_skip)  # #speedup-live
-    race: object = field(default_factory=_skip)  # #race-chart
-    history: object = field(default_factory=_skip)  # #history (only at a reply's end)
-    history_csv: object = field(default_factory=_skip)  # its CSV download
+    msg: object = field(default_factory=gr.skip)
+    chat: object = field(default_factory=gr.skip)
+    chat_baseline: object = field(default_factory=gr.skip)
+    turns: object = field(default_factory=gr.skip)
+    stats: object = field(default_factory=gr.skip)
+    plot: object = field(default_factory=gr.skip)
+    speedup: object = field(default_factory=gr.skip)
+    models: object = field(default_factory=gr.skip)
+    live: object = field(default_factory=gr.skip)  # #speedup-live
+    race: object = field(default_factory=gr.skip)  # #race-chart
+    history: object = field(default_factory=gr.skip)  # #history (only at a reply's end)
+    history_csv: object = field(default_factory=gr.skip)  # its CSV download
     # The session's ReplyHistory, set when it wrote its CSV: gradio calls a State's delete
     # callback (which removes the CSV's folder) only for states an event has set.
-    history_log: object = field(default_factory=_skip)
+    history_log: object = field(default_factory=gr.skip)
 
     def values(self) -> tuple:
         """The fields' values in the outputs' order (no copies: a State's object stays itself)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import asdict, dataclass, field
 
 # Why a reply ended (Stats.finish_reason; a contract shared with the CLI and the API).
 STOP = "stop"  # an end-of-sequence token or a stop string
@@ -30,8 +30,8 @@ class TokenEvent:
 @dataclass(frozen=True)
 class RoundTally:
     """Rounds counted from the engine's per-round record, Stats.rounds: (drafted, accepted) of
-    every target forward that decoded. The one fold the app's live prediction, the API and the
-    bench derive their round figures from."""
+    every target forward that decoded. The one fold the app's live prediction and the bench
+    derive their round figures from."""
 
     rounds: int = 0
     plain_rounds: int = 0  # rounds with nothing drafted
@@ -45,9 +45,6 @@ class RoundTally:
         return cls(rounds=len(rounds), plain_rounds=sum(d == 0 for d, _ in rounds),
                    drafted=sum(d for d, _ in rounds), accepted=sum(a for _, a in rounds),
                    rejections=sum(a < d for d, a in rounds))
-
-    def __add__(self, other: RoundTally) -> RoundTally:
-        return RoundTally(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
 
 @dataclass

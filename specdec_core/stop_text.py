@@ -18,6 +18,8 @@ class StopText:
 
     def push(self, piece: str) -> str:
         """Add a piece of the reply; return the text that is now certain to be part of it."""
+        if not self._stops:  # (every reply of the app: nothing to hold back, nothing to keep)
+            return piece
         self._text += piece
         found = [i for i in (self._text.find(s, self._sent) for s in self._stops) if i >= 0]
         if found:
