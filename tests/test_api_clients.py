@@ -15,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -132,6 +133,25 @@ def test_metrics_count_a_streamed_and_a_plain_reply_as_their_speculative_stats(s
     # From arrival, so at least the engine's own time to first token.
     assert grown(before, after, "vllm:time_to_first_token_seconds_sum", **labels) >= sum(s["ttft_s"] for s in stats)
     assert ("vllm:num_requests_waiting", ()) in after and not any(name.endswith("_created") for name, _ in after)
+
+
+def test_a_client_that_leaves_mid_stream_is_an_abort(server, client):
+    labels = dict(model_name="tiny", drafter="none")
+    before = scrape(server.url)
+    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
+                                            max_tokens=450, stream=True, extra_body={"speculative": {"drafter": "none"}})
+    for n, _ in enumerate(stream):
+        if n == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 30
+    while grown(before, scrape(server.url), "vllm:request_success_total", **labels, finished_reason="abort") < 1:
+        assert time.monotonic() < deadline, "the abandoned stream was never counted"
+        time.sleep(0.1)
+    after = scrape(server.url)
+    assert 3 <= grown(before, after, "vllm:generation_tokens_total", **labels) < 450
+    assert not any(grown(before, after, "vllm:request_success_total", **labels, finished_reason=reason)
+                   for reason in ("stop", "length"))
 
 
 def test_metrics_follow_the_apis_access_rules_and_each_server_counts_its_own(server):

@@ -3,7 +3,7 @@ prompt, then pull the engine's tokens through the device thread (the engine appl
 
 Blocking code: the routes call it from worker threads. The completion holds its turn on the
 device from `start` to `close`; a set `gone` (the client disconnected) ends it within a round.
-`close` counts it in the server's metrics.
+It is counted in the server's metrics once, when its reply ends or, cut short, at `close`.
 """
 
 from __future__ import annotations
@@ -109,15 +109,21 @@ class Completion:
             steps.close()  # ends the engine's generation now (on the device thread)
         # OpenAI has two reasons: "length" covers the engine's "length (context)" too.
         self.finish_reason = STOP if self.stats.finish_reason == STOP else LENGTH
+        # Counted before the reply's last chunk goes out, so a scrape after it sees this reply.
+        self._record()
 
     def close(self) -> None:
-        """Count the reply in the metrics (once), and give the device to the next in line."""
+        """Give the device to the next in line (a reply cut short is counted in the metrics here)."""
         try:
-            if self._metrics is not None:
-                self._metrics.record(self)
-                self._metrics = None
+            self._record()
         finally:
             self._turn.close()
+
+    def _record(self) -> None:
+        """Count the reply in the server's metrics, once."""
+        metrics, self._metrics = self._metrics, None
+        if metrics is not None:
+            metrics.record(self)
 
 
 def with_model_defaults(params: SamplingParams, omitted: Collection[str], target: object) -> SamplingParams:

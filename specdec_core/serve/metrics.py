@@ -67,7 +67,9 @@ class ServerMetrics:
     def record(self, reply: Completion) -> None:
         """Count one completion, once, when it ends (finished, cut short, or failed)."""
         labels = {"model_name": reply.models.preset.name, "drafter": reply.drafter}
-        self.requests.labels(**labels, finished_reason=reply.finish_reason or ABORT).inc()
+        # A reply the engine did not end (the client left, the generation failed) is an abort.
+        ended = reply.finish_reason if reply.stats.finish_reason is not None else None
+        self.requests.labels(**labels, finished_reason=ended or ABORT).inc()
         self.prompt_tokens.labels(**labels).inc(len(reply.prompt_ids))
         self.generation_tokens.labels(**labels).inc(reply.completion_tokens)
         ttft, tpot, e2e = _latencies(reply)
