@@ -25,7 +25,8 @@ def installed_command() -> int:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog, description=f"List the model presets ({prog} presets) or reply "
+                                                             f"to one prompt ({prog} generate ...).")
     commands = parser.add_subparsers(dest="command", required=True)
 
     presets = commands.add_parser("presets", help="list the presets and what each needs")
