@@ -1,6 +1,6 @@
 """A quiet model load: what third-party libraries print while our models load, and a user can't act
-on, is dropped here, narrowly (the exact messages, on their own loggers, and transformers' progress
-bars only while we load). Each model we load is told in one line instead (LoadedModels.describe).
+on, is dropped here, narrowly (the exact messages, on their own loggers, and transformers' "Loading
+weights" bars only while we load). Each model we load is told in one line instead (LoadedModels.describe).
 
 Dropped, and what each meant:
 - bitsandbytes, when imported on a CPU with AVX512-BF16, tries to fetch an optional fused 4-bit
@@ -8,8 +8,8 @@ Dropped, and what each meant:
   load CPU gemm_4bit_forward ... pip install kernels", and the `kernels` package first says
   "Skipping publisher trust check ... offline mode". The nf4 draft then runs on bitsandbytes' own
   built-in CPU kernel: nothing is wrong and nothing needs installing.
-- transformers' "Loading weights" bars (two per model: the GGUF read and the load): a second or
-  two each, and our one line per model says how long the load took.
+- transformers' "Loading weights" bars (one or two per model): seconds each, and our one line per
+  model says how long the load took. Its other bars (a hub download's) still show.
 """
 
 from __future__ import annotations
@@ -49,18 +49,23 @@ def drop_third_party_noise() -> None:
 
 @contextlib.contextmanager
 def quiet_loading() -> Iterator[None]:
-    """Load models without transformers' progress bars (put back as they were afterwards) and
-    without the third-party messages above."""
+    """Load models without transformers' "Loading weights" bars (through its tqdm hook, put back
+    afterwards; other bars, a hub download's, still show) and without the third-party messages above."""
     from transformers.utils import logging as hf_logging
 
     drop_third_party_noise()
-    bars_were_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+    previous = None
+
+    def no_loading_bars(factory, args, kwargs):
+        if kwargs.get("desc") == "Loading weights":
+            return hf_logging.EmptyTqdm(*args, **kwargs)
+        return previous(factory, args, kwargs) if previous is not None else factory(*args, **kwargs)
+
+    previous = hf_logging.set_tqdm_hook(no_loading_bars)
     try:
         yield
     finally:
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
+        hf_logging.set_tqdm_hook(previous)
 
 
 def quietly(load: Callable[..., T]) -> Callable[..., T]:
