@@ -155,3 +155,16 @@ def test_the_app_with_target_on_the_bundled_gguf_replies_as_the_offline_preset(p
     assert not [line for line in printed.splitlines() if any(noise in line for noise in NOISE)], printed
     assert "preset: custom (SmolLM2-135M-Instruct.Q4_1)" in printed
     assert [MODEL_LINE.match(line).group(1) for line in printed.splitlines() if MODEL_LINE.match(line)] == ["target"]
+
+
+def test_the_app_with_a_bad_target_path_is_one_line_before_it_serves():
+    import subprocess
+    import sys
+
+    from tests.test_app import REPO
+
+    done = subprocess.run([sys.executable, "app.py", "--target", "./no-such-model.gguf"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == ("error: --target ./no-such-model.gguf: no such file or folder: give a .gguf file, "
+                                   "a model folder with a config.json, or a hub id owner/name")
