@@ -14,6 +14,7 @@ import sys
 from .cli import EXIT_ERROR, inform, run_guarded  # noqa: F401  (EXIT_ERROR: this command's exit code)
 from .presets.config import AUTO, DRAFTERS, MODEL_FLAGS, config_with_models, load_config, menu_label
 
+
 def main(argv: list[str] | None = None, prog: str = "python -m specdec_core") -> int:
     args = _parser(prog).parse_args(argv)
     return run_guarded(lambda: args.run(args))

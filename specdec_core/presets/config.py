@@ -140,7 +140,7 @@ def default_config() -> Path:
 
 
 def load_presets(path: str | Path | PresetFile | None = None) -> dict[str, Preset]:
-    """The presets of a models.yaml (default: the one at the repo top), by name, in file order."""
+    """The presets of a models.yaml (default: default_config()), by name, in file order."""
     return load_config(path).presets
 
 
