@@ -18,7 +18,7 @@ from typing import NoReturn
 import gradio as gr
 
 from specdec_app import build_ui
-from specdec_core.presets.config import load_presets
+from specdec_core.presets.config import MODEL_FLAGS, config_with_models, load_presets, menu_label
 from specdec_core.presets.holder import ModelHolder
 from specdec_core.presets.loading import load_preset
 from specdec_core.serve import API_KEY_ENV, ApiAccess, access_for, api_routes, is_loopback
@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Chat with a local model; watch speculative decoding work.")
     parser.add_argument("--preset", default="auto", help="preset name from models.yaml, or auto (default)")
     parser.add_argument("--config", default=None, help="a models.yaml of your own")
+    for key, help_text in MODEL_FLAGS.items():
+        parser.add_argument(f"--{key}", help=help_text)
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: the whole network)")
     parser.add_argument("--port", type=int, default=7860)
     parser.add_argument("--share", action="store_true", help="also make a public gradio.live link")
@@ -114,14 +116,24 @@ def launch(demo: gr.Blocks, args: argparse.Namespace, api: list | None = None,
     demo.block_thread()
 
 
+def load_and_tell(name: str, config, compile: bool | str | None = None):
+    """Load a preset (at the first page view, or a pick in the menu) and say in the terminal what
+    was loaded: the preset, one line per model, and the notes (as the CLI's generate does)."""
+    models = load_preset(name, config, compile=compile)
+    print(f"preset: {menu_label(models.preset)}", *models.notes, models.describe(), sep="\n", file=sys.stderr,
+          flush=True)
+    return models
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        holder = ModelHolder(args.config, loader=functools.partial(load_preset, compile=args.compile),
-                             start_preset=args.preset)
-        demo = build_ui(args.preset, args.config, args.max_new_tokens, holder=holder)
+        # the models.yaml's presets, plus the custom one --target (--draft, --eagle) names
+        config, preset = config_with_models(args.config, args.preset, {key: getattr(args, key) for key in MODEL_FLAGS})
+        holder = ModelHolder(config, loader=functools.partial(load_and_tell, compile=args.compile), start_preset=preset)
+        demo = build_ui(preset, config, args.max_new_tokens, holder=holder)
         access = access_for(args.host, args.share, args.api_key, args.allowed_origins)
-        api = api_routes(holder, load_presets(args.config), access, args.max_new_tokens)
+        api = api_routes(holder, load_presets(config), access, args.max_new_tokens)
     except (ValueError, FileNotFoundError) as error:  # ConfigError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2

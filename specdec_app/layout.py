@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from specdec_core.policy import DRAFT_LENGTH_BOUNDS
+from specdec_core.presets.config import CUSTOM, menu_label
 from specdec_core.presets.loaded import LoadedModels
 
 from . import render as R
@@ -84,9 +85,11 @@ def menu_drafter(drafter: str | None) -> str:
 
 
 def preset_choices(presets: dict) -> list[tuple[str, str]]:
-    """Menu entries: the name and what running it takes (offline / download / memory)."""
+    """Menu entries: the name and what running it takes (offline / download / memory); the preset
+    --target made shows its models instead, "custom (SmolLM2-135M-Instruct.Q4_1, draft ...)"."""
     return [("auto (the best preset this machine can run)", "auto")] + [
-        (f"{name} ({preset.needs()})", name) for name, preset in presets.items()
+        (menu_label(preset) if name == CUSTOM else f"{name} ({preset.needs()})", name)
+        for name, preset in presets.items()
     ]
 
 

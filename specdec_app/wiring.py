@@ -25,7 +25,7 @@ log = logging.getLogger("specdec.app")
 DEVICE = "device"  # one concurrency group: loading and generating share the device
 
 
-def build_ui(preset: str = "auto", config_path: str | None = None, max_new_tokens: int = 256,
+def build_ui(preset: str = "auto", config_path=None, max_new_tokens: int = 256,
              holder: ModelHolder | None = None) -> gr.Blocks:
     """The chat app as a gr.Blocks (queued, not launched). Loads no model: models load on the
     first page view, the first message or a pick in the preset menu."""

@@ -12,16 +12,22 @@ import json
 import sys
 
 from .cli import EXIT_ERROR, inform, run_guarded  # noqa: F401  (EXIT_ERROR: this command's exit code)
-from .presets.config import AUTO, DRAFTERS, load_config
+from .presets.config import AUTO, DRAFTERS, MODEL_FLAGS, config_with_models, load_config, menu_label
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m specdec_core") -> int:
+    args = _parser(prog).parse_args(argv)
     return run_guarded(lambda: args.run(args))
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m specdec_core", description=__doc__.splitlines()[0])
+def installed_command() -> int:
+    """The `specdec` command of an installed package (pyproject's [project.scripts])."""
+    return main(prog="specdec")
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=f"List the model presets ({prog} presets) or reply "
+                                                             f"to one prompt ({prog} generate ...).")
     commands = parser.add_subparsers(dest="command", required=True)
 
     presets = commands.add_parser("presets", help="list the presets and what each needs")
@@ -31,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="reply to one prompt with speculative decoding")
     generate.add_argument("--preset", default=AUTO, help="preset name (default: auto)")
     generate.add_argument("--config", help="a models.yaml of your own (default: the repo's)")
+    for key in MODEL_FLAGS:
+        generate.add_argument(f"--{key}", help=MODEL_FLAGS[key])
     generate.add_argument("--prompt", required=True, help="the user message")
     generate.add_argument("--system", help="a system prompt")
     generate.add_argument("--drafter", choices=DRAFTERS, help="default: the preset's")
@@ -62,10 +70,10 @@ def run_presets(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    # A bad models.yaml or preset name is told before torch loads (seconds).
-    config = load_config(args.config)
-    if args.preset != AUTO:
-        config.find(args.preset)
+    # A bad models.yaml, preset name or model path is told before torch loads (seconds).
+    config, preset = config_with_models(args.config, args.preset, {key: getattr(args, key) for key in MODEL_FLAGS})
+    if preset != AUTO:
+        config.find(preset)
     # Imported here so `presets`, `--help` and those errors answer without loading torch.
     from .chat import chat_prompt_ids
     from .presets.loading import load_preset
@@ -82,9 +90,9 @@ def run_generate(args: argparse.Namespace) -> int:
     # serve (None: load it if the preset's default drafter is "model").
     load_draft = args.drafter in ("model", "hybrid") if args.drafter else None
     # One reply: it would end before steps compiled in the background were ready.
-    models = load_preset(args.preset, args.config, load_draft=load_draft, compile=args.compile,
+    models = load_preset(preset, config, load_draft=load_draft, compile=args.compile,
                          compile_in_background=False)
-    inform(f"preset: {models.preset.name}", *models.notes, models.describe())
+    inform(f"preset: {menu_label(models.preset)}", *models.notes, models.describe())
     engine = models.make_engine(
         drafter=args.drafter,
         draft_length=args.draft_length,

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "specdec_core", "specdec_app")
+SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "models.yaml", "heads", "specdec_core",
+           "specdec_app")
 
 
 def _app_modules() -> set[str]:
@@ -53,13 +54,17 @@ def _venv_with(tmp_path: Path, *install: str) -> Path:
     return bin_dir
 
 
-def _help(bin_dir: Path, command: str, cwd: Path) -> str:
-    """`command --help` run from `cwd` (not the checkout, so nothing is imported from it): its stdout."""
+def _run(bin_dir: Path, command: str, *args: str, cwd: Path) -> str:
+    """`command *args` run from `cwd` (not the checkout, so nothing is imported from it): its stdout."""
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    done = subprocess.run([str(bin_dir / command), "--help"], capture_output=True, text=True, cwd=cwd, env=env,
+    done = subprocess.run([str(bin_dir / command), *args], capture_output=True, text=True, cwd=cwd, env=env,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
+
+
+def _help(bin_dir: Path, command: str, cwd: Path) -> str:
+    return _run(bin_dir, command, "--help", cwd=cwd)
 
 
 @pytest.mark.parametrize("editable", [False, True], ids=["pip install .", "pip install -e ."])
@@ -72,8 +77,20 @@ def test_pip_install_gives_the_specdec_and_specdec_app_commands(tmp_path, editab
     elsewhere.mkdir()
     cli = _help(bin_dir, "specdec", elsewhere)
     assert "presets" in cli and "generate" in cli
+    assert cli.startswith("usage: specdec ") and "python -m" not in cli  # the command's own name
+    generate = _run(bin_dir, "specdec", "generate", "--help", cwd=elsewhere)
+    assert generate.startswith("usage: specdec generate") and "--target" in generate
     app = _help(bin_dir, "specdec-app", elsewhere)
-    assert "--preset" in app and "--api-key" in app and "Chat with a local model" in app
+    assert "--preset" in app and "--api-key" in app and "Chat with a local model" in app and "--target" in app
+    # the presets file: the installed copy of models.yaml (its source copy is gone), or the checkout's
+    presets = _run(bin_dir, "specdec", "presets", cwd=elsewhere)
+    assert "smollm2-135m-local" in presets and "qwen2.5-7b" in presets
+    where = _run(bin_dir, "python", "-c", "from specdec_core.presets.config import default_config as d, load_presets as l; "
+                 "print(d()); print(l()['smollm2-135m-local'].eagle.location)", cwd=elsewhere).split()
+    config, head = Path(where[0]), Path(where[1])
+    home = source if editable else bin_dir.parent  # the checkout's file, or the venv's copy
+    assert config.is_relative_to(home) and config.name == "models.yaml"
+    assert head == config.parent / "heads" / "smollm2-135m-eagle3" and (head / "config.json").is_file()
 
 
 def test_the_declared_dependencies_are_requirements_txts():

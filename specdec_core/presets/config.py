@@ -22,8 +22,12 @@ import yaml
 from ..errors import LoadError
 from ..policy import DRAFT_LENGTH_BOUNDS
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "models.yaml"  # the repo top
+# The presets file: the repo top's models.yaml (the one source, edited there); an installed package
+# (`pip install .`) carries a copy beside this module, written by setup.py's build step.
+PACKAGED_CONFIG = Path(__file__).resolve().parent / "models.yaml"
+REPO_CONFIG = Path(__file__).resolve().parents[2] / "models.yaml"
 AUTO = "auto"  # the reserved preset name that picks a preset for this machine
+CUSTOM = "custom"  # the preset --target/--draft/--eagle build (its name in the app's menu and the API)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("4bit", "8bit", "none")
@@ -130,14 +134,22 @@ _CHOICES = {"dtype": DTYPES, "draft_quantization": QUANTIZATIONS, "drafter": DRA
 _TOP_KEYS = ("auto_fallback", "presets")
 
 
-def load_presets(path: str | Path | None = None) -> dict[str, Preset]:
-    """The presets of a models.yaml (default: the one at the repo top), by name, in file order."""
+def default_config() -> Path:
+    """The models.yaml used without --config: the installed package's copy, else the repo top's."""
+    return PACKAGED_CONFIG if PACKAGED_CONFIG.is_file() else REPO_CONFIG
+
+
+def load_presets(path: str | Path | PresetFile | None = None) -> dict[str, Preset]:
+    """The presets of a models.yaml (default: default_config()), by name, in file order."""
     return load_config(path).presets
 
 
-def load_config(path: str | Path | None = None) -> PresetFile:
-    """Read and validate a models.yaml; raise ConfigError on the first problem."""
-    path = Path(path).expanduser().resolve() if path is not None else DEFAULT_CONFIG
+def load_config(path: str | Path | PresetFile | None = None) -> PresetFile:
+    """Read and validate a models.yaml; raise ConfigError on the first problem. A PresetFile
+    (one with a custom preset added, see with_custom_preset) is returned as it is."""
+    if isinstance(path, PresetFile):
+        return path
+    path = Path(path).expanduser().resolve() if path is not None else default_config()
     raw = _read_yaml(path)
     where = str(path)
     if not isinstance(raw, dict):
@@ -171,6 +183,82 @@ def parse_model_source(text: str, base_dir: Path) -> ModelSpec:
         f"'{text}' is neither a hub repo id (owner/name), a local path (starting with /, ./, ../ or ~), "
         "a .gguf file nor bundled:NAME"
     )
+
+
+# The model flags of the CLI's generate and the app (--target ...) and their help: a model of one's own,
+# no models.yaml needed. A new drafter's model source (--medusa) goes here too.
+MODEL_FLAGS = {
+    "target": "the model to run: a hub id (owner/name), a local model folder or a .gguf file; replaces --preset",
+    "draft": "a draft model for --target (the same forms); it must use the target's tokenizer",
+    "eagle": "an EAGLE-3 head for --target: a hub id or a local folder",
+}
+
+
+def config_with_models(config_path, preset: str, models: dict[str, str | None]) -> tuple[PresetFile, str]:
+    """(presets, the preset to load) for a command line: the models.yaml's, plus the custom preset
+    where `models` ({"target": ..., "draft": ..., "eagle": ...}, from the flags) names any.
+    ConfigError (one line) for flags that don't go together or a path that names nothing."""
+    config = load_config(config_path)
+    given = {key: text for key, text in models.items() if text}
+    if not given:
+        return config, preset
+    if "target" not in given:
+        raise ConfigError(f"--{next(iter(given))} needs --target (the model it helps), or use a --preset")
+    if preset != AUTO:
+        raise ConfigError(f"--preset {preset} and --target both name the models: give only one of them")
+    return with_custom_preset(config, given["target"], given.get("draft"), given.get("eagle")), CUSTOM
+
+
+def with_custom_preset(config: PresetFile, target: str, draft: str | None = None,
+                       eagle: str | None = None) -> PresetFile:
+    """`config` plus the preset CUSTOM built from --target/--draft/--eagle (each a hub id, a local
+    model folder or a .gguf file), validated as a models.yaml preset is. Its default drafter is the
+    head if given, else the draft model, else prompt lookup; a GGUF target runs on its own 4-bit
+    blocks on CPU, as the offline preset does. ConfigError (one line naming the flag) for a source
+    that is not there."""
+    given = {"target": target, "draft": draft, "eagle": eagle}
+    sources = {key: _flag_source(key, text) for key, text in given.items() if text}
+    drafter = "eagle" if eagle else "model" if draft else "prompt_lookup"
+    body = {
+        "description": ", ".join(_short_name(key, text) for key, text in sources.items()),
+        **sources,
+        "drafter": drafter,
+        "memory_gb": 0,  # unknown until loaded; only `auto` reads it, and it never picks this preset
+        "cpu_weights": "gguf" if sources["target"].endswith(".gguf") else "fp32",
+    }
+    preset = _parse_preset(CUSTOM, body, Path.cwd(), "the command line")
+    return PresetFile(path=config.path, presets={CUSTOM: preset, **config.presets}, auto_fallback=config.auto_fallback)
+
+
+def menu_label(preset: Preset) -> str:
+    """The custom preset as menus show it: its short model names (a models.yaml preset: its name)."""
+    return f"{CUSTOM} ({preset.description})" if preset.name == CUSTOM else preset.name
+
+
+def _flag_source(key: str, text: str) -> str:
+    """A flag's model source as models.yaml would spell it; ConfigError when a path names nothing.
+    Anything on disk is a path (as transformers reads it), even one written like a hub id owner/name."""
+    path = Path(text).expanduser()
+    if not text.startswith(BUNDLED_PREFIX) and (path.exists() or text.startswith(_LOCAL_PREFIXES) or text.endswith(".gguf")):
+        what = "a .gguf file, a model folder with a config.json, or a hub id owner/name"
+        if not path.exists():
+            raise ConfigError(f"--{key} {text}: no such file or folder: give {what}")
+        if path.is_file() and path.suffix != ".gguf":
+            raise ConfigError(f"--{key} {text}: not a .gguf file: give {what}")
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise ConfigError(f"--{key} {text}: the folder has no config.json: give {what}")
+        return str(path.resolve())
+    try:
+        parse_model_source(text, Path.cwd())
+    except ValueError as error:
+        raise ConfigError(f"--{key}: {error}") from None
+    return text
+
+
+def _short_name(key: str, source: str) -> str:
+    """`SmolLM2-135M-Instruct.Q4_1`, `draft Qwen2.5-0.5B-Instruct`: the last part of a path or hub id."""
+    name = source.removeprefix(BUNDLED_PREFIX).rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf")
+    return name if key == "target" else f"{key} {name}"
 
 
 def _read_yaml(path: Path) -> Any:

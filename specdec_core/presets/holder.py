@@ -147,11 +147,13 @@ class ModelHolder:
     `steps` or `on_device`.
     """
 
-    def __init__(self, config_path: str | None = None,
+    def __init__(self, config_path=None,
                  loader: Callable[..., LoadedModels] = load_preset,
                  unloader: Callable[[LoadedModels], None] = unload,
                  max_waiting: int = MAX_WAITING, start_preset: str = "auto") -> None:
-        """start_preset: what "auto" loads when nothing is loaded (the server's --preset)."""
+        """config_path: a models.yaml, or presets already read (a PresetFile: one with the custom
+        preset of --target); start_preset: what "auto" loads when nothing is loaded (the server's
+        --preset, or "custom")."""
         self._config_path = config_path
         self._start_preset = start_preset
         self._loader = loader

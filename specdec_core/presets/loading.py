@@ -21,11 +21,13 @@ from .auto import choose_auto_preset
 from .config import AUTO, ModelSpec, Preset, load_config
 from .load_errors import load_errors
 from .loaded import LoadedModels, ModelInfo
+from .quiet import quietly
 from .sources import LoadError, ResolvedSource, gguf_file, resolve, resolve_head
 
 __all__ = ["load_plain_target", "load_preset"]
 
 
+@quietly  # one line per model (describe), not the libraries' bars and warnings
 def load_preset(
     name: str = AUTO,
     config_path=None,
@@ -116,6 +118,7 @@ def load_preset(
     )
 
 
+@quietly
 def load_plain_target(name: str = AUTO, config_path=None, dtype: torch.dtype = torch.bfloat16):
     """The preset's target alone, on stock layers with its weights in `dtype`: no 4-bit kernels,
     no prepacking, no compiling. For bulk batched work, not for decoding: the EAGLE trainer's

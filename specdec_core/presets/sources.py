@@ -239,10 +239,14 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    except NotImplementedError as error:  # gguf has no dequantisation for a tensor type (Q8_1, I8, ...)
+        detail = " ".join(str(error).split()) or type(error).__name__
+        raise LoadError(f"{gguf_path} holds a tensor type that can't be read here ({detail}): use a file of "
+                        "the model in another quantization (Q4_K_M, Q8_0, F16, ...)") from error
     except (ValueError, KeyError, EOFError, struct.error) as error:  # what gguf and transformers raise for a bad file
         detail = " ".join(str(error).split()) or type(error).__name__
         raise LoadError(f"{gguf_path} is not a GGUF model transformers can read ({detail}): "
-                        "replace the file, or point the preset at another model") from error
+                        "replace the file, or use another model") from error
     # A GGUF-loaded model refuses save_pretrained and bitsandbytes: rebuild a plain model
     # from its config (minus the gguf quantization entry) and copy the weights over.
     config = copy.deepcopy(loaded.config)
