@@ -186,3 +186,34 @@ def test_eagle_drafter_needs_an_eagle_source(tmp_path):
     assert "'drafter' is 'eagle' but the preset has no 'eagle' head source" in message
     message = config_error(tmp_path, preset_body=GOOD_PRESET.replace("drafter: prompt_lookup", "drafter: hybrid"))
     assert "neither an 'eagle' head nor a 'draft'" in message
+
+
+# ---------------------------------------------------------------- sampling defaults
+
+
+def test_the_offline_preset_sets_the_sampling_defaults_its_gguf_file_lacks():
+    # The API takes a model's generation_config values for omitted fields; the bundled GGUF has none.
+    assert dict(load_presets()["smollm2-135m-local"].sampling) == {"temperature": 0.2, "top_p": 0.9}
+
+
+@pytest.mark.parametrize("line, words", [
+    ("sampling: {temperature: -1}", "temperature must be 0"),
+    ("sampling: {top_p: 0}", "top_p must be in (0, 1]"),
+    ("sampling: {min_p: 0.1}", "may set temperature, top_p, top_k, got 'min_p'"),
+    ("sampling: {top_k: high}", "takes numbers"),
+    ("sampling: 0.7", "key 'sampling' must be dict or null"),
+])
+def test_bad_sampling_defaults_are_one_line(tmp_path, line, words):
+    message = config_error(tmp_path, preset_body=GOOD_PRESET + f"    {line}\n")
+    assert "preset 'p'" in message and words in message and "\n" not in message
+
+
+def test_sampling_defaults_reach_the_loaded_targets_generation_config(tmp_path, smol_tokenizer):
+    from specdec_core.presets.loading import load_preset
+    from tests.tiny_models import tiny_llama
+
+    tiny_llama(seed=0).save_pretrained(tmp_path / "target")
+    smol_tokenizer.save_pretrained(tmp_path / "target")
+    config = write_config(tmp_path, preset_body=GOOD_PRESET + "    sampling: {temperature: 0.6, top_k: 7}\n")
+    target = load_preset("p", config, load_draft=False, compile=False).target
+    assert (target.generation_config.temperature, target.generation_config.top_k) == (0.6, 7)

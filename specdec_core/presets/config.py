@@ -21,6 +21,7 @@ import yaml
 
 from ..errors import LoadError
 from ..policy import DRAFT_LENGTH_BOUNDS
+from ..sampling import SamplingParams
 
 # The presets file: the repo top's models.yaml (the one source, edited there); an installed package
 # (`pip install .`) carries a copy beside this module, written by setup.py's build step.
@@ -78,6 +79,9 @@ class Preset:
     trust_remote_code: bool
     compile: bool | str  # true | false | "auto" (compiled static cache on CUDA, eager on CPU)
     cpu_weights: str = "fp32"  # "fp32" | "gguf" (the target's GGUF blocks on int4 kernels, CPU only)
+    # The target's own sampling defaults (temperature / top_p / top_k), for a model whose files
+    # carry none: they go into its generation_config, which the API reads for fields a request omits.
+    sampling: tuple[tuple[str, float], ...] = ()
 
     @property
     def offline(self) -> bool:
@@ -128,6 +132,7 @@ _PRESET_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "trust_remote_code": ((bool,), False),
     "compile": ((bool, str), "auto"),
     "cpu_weights": ((str,), "fp32"),
+    "sampling": ((dict, type(None)), None),
 }
 _CHOICES = {"dtype": DTYPES, "draft_quantization": QUANTIZATIONS, "drafter": DRAFTERS, "compile": ("auto",),
             "cpu_weights": CPU_WEIGHTS}
@@ -297,6 +302,7 @@ def _parse_preset(name: str, body: Any, base_dir: Path, where: str) -> Preset:
         if values[key] is not None:
             values[key] = _model_source(values[key], base_dir, where, key)
     _check_consistency(values, where)
+    values["sampling"] = _sampling_defaults(values["sampling"], where)
     return Preset(name=name, **values)
 
 
@@ -343,6 +349,24 @@ def _check_consistency(values: dict, where: str) -> None:
     for key in ("memory_gb", "download_gb"):
         if not (math.isfinite(values[key]) and values[key] >= 0):
             raise ConfigError(f"{where}: key '{key}' must be a finite number >= 0, got {values[key]:g}")
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+
+
+def _sampling_defaults(mapping: dict | None, where: str) -> tuple[tuple[str, float], ...]:
+    """The `sampling` key as (name, value) pairs, checked by the rules sampling itself applies."""
+    mapping = mapping or {}
+    unknown = [name for name in mapping if name not in SAMPLING_KEYS]
+    if unknown:
+        raise ConfigError(f"{where}: key 'sampling' may set {', '.join(SAMPLING_KEYS)}, got {unknown[0]!r}")
+    if any(isinstance(value, bool) or not isinstance(value, (int, float)) for value in mapping.values()):
+        raise ConfigError(f"{where}: key 'sampling' takes numbers, got {mapping!r}")
+    try:
+        SamplingParams(**mapping)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{where}: key 'sampling': {error}") from None
+    return tuple(mapping.items())
 
 
 def _check_fallback(value: Any, presets: dict[str, Preset], where: str) -> str:

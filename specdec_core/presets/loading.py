@@ -84,6 +84,8 @@ def load_preset(
     if weights == "gguf" and target.device.type == "cpu":  # before compiling: it changes the model
         target_info, gguf_notes = _use_gguf_weights(preset.target, target, target_info)
         notes += gguf_notes
+    for name, value in preset.sampling:  # the API reads them for the fields a request omits
+        setattr(target.generation_config, name, value)
     if gguf_weight_summary(target):  # before compiling: the compiled steps keep it
         notes += _four_bit_steps(target)
     if load_eagle is None:
