@@ -18,6 +18,9 @@ import torch
 # The longest step a path runs in one call: the last token and up to 16 drafts. The draft
 # length's bound (policy.DRAFT_LENGTH_BOUNDS) and row-exact attention's rows follow from it.
 MAX_STEP_TOKENS = 17
+# The largest tree draft a path verifies in one step (paths that verify trees at all: see
+# CachedModel.max_tree_nodes); GPU-sized trees of up to 64 nodes fit.
+MAX_TREE_NODES = 64
 
 EAGER_DYNAMIC = "eager dynamic cache"
 

@@ -15,13 +15,12 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .base import EAGER_DYNAMIC, DecodePath, model_name
+from .base import EAGER_DYNAMIC, MAX_TREE_NODES, DecodePath, model_name
 from .tree import check_parents, row_depths, tree_attention_mask
 
 # The attention implementations that apply a custom 4D mask as given (transformers 5 hands a 4D
 # mask to them unchanged); flash-attention kernels, for one, take no mask and can't verify a tree.
 TREE_MASK_ATTENTION = ("sdpa", "eager")
-MAX_TREE_NODES = 64  # the largest tree a runner verifies in one forward (GPU-sized trees fit)
 
 
 @functools.cache
