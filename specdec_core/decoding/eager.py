@@ -16,11 +16,18 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .base import EAGER_DYNAMIC, MAX_TREE_NODES, DecodePath, model_name
-from .tree import check_parents, row_depths, tree_attention_mask
+from .tree import TREE_KWARG, check_parents, row_depths, tree_attention_mask
 
-# The attention implementations that apply a custom 4D mask as given (transformers 5 hands a 4D
-# mask to them unchanged); flash-attention kernels, for one, take no mask and can't verify a tree.
-TREE_MASK_ATTENTION = ("sdpa", "eager")
+# The attention implementations that verify a tree, and the most nodes each takes: the stock ones
+# apply a custom 4D mask as given (transformers 5 hands a 4D mask to them unchanged); others add
+# themselves (allow_trees). Flash-attention kernels, for one, take no mask and can't.
+TREE_ATTENTION = {"sdpa": MAX_TREE_NODES, "eager": MAX_TREE_NODES}
+
+
+def allow_trees(attention: str, max_nodes: int) -> None:
+    """Let runners of models on the attention implementation `attention` verify trees of up to
+    `max_nodes` draft tokens (it reads the tree from the TREE_KWARG keyword or the 4D mask)."""
+    TREE_ATTENTION[attention] = max_nodes
 
 
 @functools.cache
@@ -160,7 +167,7 @@ class CachedModel:
         layers = self.cache.layers
         growing = all(type(layer) is GrowingLayer for layer in layers) and (
             bool(layers) or self.cache.layer_class_to_replicate is GrowingLayer)
-        return MAX_TREE_NODES if attention in TREE_MASK_ATTENTION and growing else 0
+        return TREE_ATTENTION.get(attention, 0) if growing else 0
 
     @torch.inference_mode()
     def forward_tree(self, token_ids: list[int], parents: list[int]) -> torch.Tensor:
@@ -181,6 +188,7 @@ class CachedModel:
             position_ids=positions,
             **cache_kwargs(self.model, self.cache),
             use_cache=True,
+            **{TREE_KWARG: parents},
         )
         return out.logits[0].float()
 

@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import torch
 
+# forward_tree also hands the tree's parents to the attention function under this keyword
+# (transformers passes unknown keywords down to it): row-exact attention reads them, as it
+# computes each row alone and applies no mask; the stock ones ignore it and apply the 4D mask.
+TREE_KWARG = "tree_parents"
+
 
 def check_parents(parents: list[int]) -> None:
     """ValueError unless `parents` is a tree in topological order (each parent is -1 or an
@@ -33,6 +38,15 @@ def row_depths(parents: list[int]) -> list[int]:
     for parent in parents:
         depths.append(depths[parent + 1] + 1)
     return depths
+
+
+def attended_rows(parents: list[int]) -> list[list[int]]:
+    """For each row, the rows of the step it attends to: its ancestors and itself, in order
+    (the order its path would have been read in as a chain)."""
+    rows: list[list[int]] = []
+    for parent in row_parents(parents):
+        rows.append([*(rows[parent] if parent >= 0 else []), len(rows)])
+    return rows
 
 
 def ancestry(parents: list[int]) -> torch.Tensor:
