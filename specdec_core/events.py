@@ -90,6 +90,11 @@ class Stats:
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
 
     @property
+    def drafts(self) -> int:
+        """Rounds that drafted (vLLM's num_drafts): every draft fills its first position."""
+        return self.drafted_by_position[0] if self.drafted_by_position else 0
+
+    @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 

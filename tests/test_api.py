@@ -370,7 +370,7 @@ def test_share_without_a_key_turns_the_api_off(tiny_app_config):
         lines = wait_for_line(process, "OpenAI-compatible API off")
         assert "--api-key KEY" in lines[-1]
         for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models"), ("GET", "/v1"),
-                             ("DELETE", "/v1/embeddings")):
+                             ("DELETE", "/v1/embeddings"), ("GET", "/metrics")):
             response = httpx.request(method, f"http://127.0.0.1:{port}{path}", timeout=30,
                                      json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
             assert response.status_code == 403 and response.json()["error"]["code"] == "api_off"

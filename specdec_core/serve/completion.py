@@ -3,13 +3,17 @@ prompt, then pull the engine's tokens through the device thread (the engine appl
 
 Blocking code: the routes call it from worker threads. The completion holds its turn on the
 device from `start` to `close`; a set `gone` (the client disconnected) ends it within a round.
+It is counted in the server's metrics once, when its reply ends or, cut short, at `close`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 from ..chat import chat_prompt_ids
@@ -18,8 +22,14 @@ from ..errors import LoadError, PromptTooLong
 from ..events import LENGTH, STOP, Stats
 from ..presets.holder import ModelHolder
 from ..presets.loaded import LoadedModels
+from ..sampling import SamplingParams
 from .errors import ApiError, bad_field
+from .metrics import ServerMetrics
 from .request import ChatRequest
+
+log = logging.getLogger("specdec.api")
+# The sampling fields a model's generation_config may set defaults for, and their types there.
+MODEL_SAMPLING_DEFAULTS = {"temperature": float, "top_p": float, "top_k": int}
 
 
 @dataclass(frozen=True)
@@ -36,23 +46,33 @@ class Completion:
 
     def __init__(self, holder: ModelHolder, request: ChatRequest, models: LoadedModels,
                  engine: SpeculativeEngine, prompt_ids: list[int], drafter: str,
-                 gone: threading.Event, turn: contextlib.ExitStack) -> None:
+                 gone: threading.Event, turn: contextlib.ExitStack, arrived: float,
+                 metrics: ServerMetrics | None = None) -> None:
         self.request = request
         self.models = models
+        # The request's sampling, what it left out taken from the model's generation_config.
+        self.params = with_model_defaults(request.params, request.omitted_sampling, models.target)
         self.prompt_ids = prompt_ids
         self.drafter = drafter  # the drafter name that ran ("model", "prompt_lookup", "none", ...)
         self.finish_reason: str | None = None  # "stop" | "length" once the pieces are all out
         self.completion_tokens = 0
+        # time.perf_counter() when the request arrived, and gave its first and its last token
+        self.arrived = arrived
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
         self._holder = holder
         self._engine = engine
         self._gone = gone
         self._turn = turn
+        self._metrics = metrics
 
     @classmethod
-    def start(cls, holder: ModelHolder, request: ChatRequest, gone: threading.Event) -> Completion:
+    def start(cls, holder: ModelHolder, request: ChatRequest, gone: threading.Event,
+              metrics: ServerMetrics | None = None) -> Completion:
         """Wait for the device in arrival order, load the model if needed, build the engine and
         the prompt. Raises QueueFull, DeviceBusy, Cancelled (gone while waiting), LoadError,
         ApiError (a bad drafter for this preset, a prompt over the context)."""
+        arrived = time.perf_counter()
         turn = contextlib.ExitStack()
         try:
             models = turn.enter_context(holder.using(request.model, cancelled=gone))
@@ -66,7 +86,7 @@ class Completion:
         except BaseException:
             turn.close()
             raise
-        return cls(holder, request, models, engine, prompt_ids, drafter, gone, turn)
+        return cls(holder, request, models, engine, prompt_ids, drafter, gone, turn, arrived, metrics)
 
     @property
     def stats(self) -> Stats:
@@ -75,10 +95,13 @@ class Completion:
     def pieces(self) -> Iterator[Piece]:
         """The reply, one engine token at a time (the engine applies the stop strings: text may
         lag behind a possible one, and the reply ends before the first)."""
-        stream = self._engine.stream(self.prompt_ids, self.request.params, self.request.speculative.tree_nodes)
+        stream = self._engine.stream(self.prompt_ids, self.params, self.request.speculative.tree_nodes)
         steps = self._holder.steps(stream)
         try:
             for event in steps:
+                self.last_token_at = time.perf_counter()
+                if self.first_token_at is None:
+                    self.first_token_at = self.last_token_at
                 self.completion_tokens += 1
                 yield Piece(event.text, [event.token_id], [event.source])
                 if self._gone.is_set():
@@ -87,10 +110,37 @@ class Completion:
             steps.close()  # ends the engine's generation now (on the device thread)
         # OpenAI has two reasons: "length" covers the engine's "length (context)" too.
         self.finish_reason = STOP if self.stats.finish_reason == STOP else LENGTH
+        # Counted before the reply's last chunk goes out, so a scrape after it sees this reply.
+        self._record()
 
     def close(self) -> None:
-        """Give the device to the next in line."""
-        self._turn.close()
+        """Give the device to the next in line (a reply cut short is counted in the metrics here)."""
+        try:
+            self._record()
+        finally:
+            self._turn.close()
+
+    def _record(self) -> None:
+        """Count the reply in the server's metrics, once."""
+        metrics, self._metrics = self._metrics, None
+        if metrics is not None:
+            metrics.record(self)
+
+
+def with_model_defaults(params: SamplingParams, omitted: Collection[str], target: object) -> SamplingParams:
+    """`params` with each sampling field the request left out set from the target's
+    generation_config where that sets it, as vLLM's server does (it reads no `do_sample`
+    either); fields it doesn't set keep the API's defaults."""
+    config = getattr(target, "generation_config", None)
+    for name in omitted:
+        value = getattr(config, name, None)
+        if name not in MODEL_SAMPLING_DEFAULTS or value is None:
+            continue
+        try:
+            params = dataclasses.replace(params, **{name: MODEL_SAMPLING_DEFAULTS[name](value)})
+        except (TypeError, ValueError) as error:  # e.g. top_p 0: the API's default stays
+            log.warning("The model's generation_config %s=%r is not used: %s", name, value, error)
+    return params
 
 
 def _prompt_ids(models: LoadedModels, messages: list[dict], engine: SpeculativeEngine) -> list[int]:

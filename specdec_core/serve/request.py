@@ -17,6 +17,7 @@ from .errors import ApiError, bad_field
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 4  # as OpenAI's API
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k")  # a model's generation_config may default them
 MAX_DRAFT_LENGTH = DRAFT_LENGTH_BOUNDS[1]  # the engine's bound, as the app's slider
 # A chat request is 4 levels deep (body, messages, message, content parts); tools' JSON schemas
 # add some. Far deeper bodies only serve to exhaust the parser's recursion.
@@ -38,6 +39,9 @@ class ChatRequest:
     model: str
     messages: list[dict]  # [{"role", "content": str}], roles in ROLES
     params: SamplingParams  # the stop strings too (params.stop)
+    # Sampling fields the request left out: the model's generation_config may set them
+    # (serve.completion.with_model_defaults); params holds the API's defaults for them.
+    omitted_sampling: frozenset[str]
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with `usage`
     speculative: Speculative
@@ -101,6 +105,7 @@ def parse_chat_request(body: object, presets: Collection[str], default_max_token
         model=model,
         messages=_messages(body.get("messages")),
         params=params,
+        omitted_sampling=frozenset(name for name in SAMPLING_FIELDS if body.get(name) is None),
         stream=_boolean(body, "stream", False),
         include_usage=_boolean(stream_options, "include_usage", False, "stream_options."),
         speculative=_speculative(body.get("speculative")),

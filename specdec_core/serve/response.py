@@ -17,9 +17,10 @@ def completion_id() -> str:
 def speculative(stats: Stats, drafter: str) -> dict:
     """The engine's draft statistics. Definitions as vLLM's: a round that drafted is one draft;
     mean acceptance length = 1 + accepted / drafts; position i's rate = accepted at i / drafts."""
-    drafts = stats.drafted_by_position[0] if stats.drafted_by_position else 0  # every draft fills position 1
+    drafts = stats.drafts
     return {
         "drafter": drafter,
+        "drafts": drafts,
         "drafted_tokens": stats.drafted_tokens,
         "accepted_tokens": stats.accepted_tokens,
         "acceptance_rate": stats.acceptance_rate,

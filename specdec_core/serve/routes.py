@@ -1,5 +1,6 @@
 """The HTTP side: GET /v1/models and POST /v1/chat/completions (streamed as server-sent events,
-or not), who may call them, and every failure as one OpenAI-shaped error, never a traceback.
+or not), GET /metrics (Prometheus), who may call them, and every failure as one OpenAI-shaped
+error, never a traceback.
 
 The routes are plain starlette routes, so the app can put them on the server gradio runs.
 """
@@ -28,6 +29,7 @@ from ..presets.config import AUTO
 from ..presets.holder import Cancelled, ModelHolder
 from .completion import Completion
 from .errors import ApiError
+from .metrics import ServerMetrics
 from .request import ChatRequest, parse_chat_request, parse_json
 from .response import ChunkWriter, chat_completion
 
@@ -87,8 +89,9 @@ def api_routes(holder: ModelHolder, presets: Collection[str], access: ApiAccess,
                default_max_tokens: int = 256) -> list[Route]:
     """The API's routes over the shared models (when off, they say how to turn it on)."""
     if not access.enabled:
-        return [Route("/v1", _api_off, methods=ALL_METHODS), Route("/v1/{path:path}", _api_off, methods=ALL_METHODS)]
+        return [Route(path, _api_off, methods=ALL_METHODS) for path in ("/v1", "/v1/{path:path}", "/metrics")]
     presets = list(presets)
+    metrics = ServerMetrics(waiting=lambda: holder.turns.waiting)
 
     async def models(request: Request) -> Response:
         return await _answer(request, access, lambda: _models_body(presets, holder))
@@ -105,18 +108,26 @@ def api_routes(holder: ModelHolder, presets: Collection[str], access: ApiAccess,
 
     async def chat_completions(request: Request) -> Response:
         try:
-            _check_origin(request, access)
-            _check_key(request, access.key)
+            _check_access(request, access)
             _check_json_type(request)
             body = parse_json(await _read_body(request))
             chat = parse_chat_request(body, presets, default_max_tokens)
         except ApiError as error:
             return error_response(error)
-        return await _complete(request, holder, chat)
+        return await _complete(request, holder, chat, metrics)
+
+    async def scrape(request: Request) -> Response:
+        try:
+            _check_access(request, access)
+        except ApiError as error:
+            return error_response(error)
+        text, content_type = metrics.scrape(request.headers.get("accept"))
+        return Response(text, media_type=content_type)
 
     routes = [Route("/v1/models", _last_resort(models), methods=["GET"]),
               Route("/v1/models/{model}", _last_resort(model), methods=["GET"]),
-              Route("/v1/chat/completions", _last_resort(chat_completions), methods=["POST"])]
+              Route("/v1/chat/completions", _last_resort(chat_completions), methods=["POST"]),
+              Route("/metrics", _last_resort(scrape), methods=["GET"])]
 
     async def elsewhere(request: Request) -> Response:
         """Any other /v1 path or method, answered in OpenAI's shape (Starlette's is {"detail"})."""
@@ -152,8 +163,7 @@ def _last_resort(handler: Callable[[Request], Awaitable[Response]]) -> Callable[
 
 async def _answer(request: Request, access: ApiAccess, body: Callable[[], dict]) -> Response:
     try:
-        _check_origin(request, access)
-        _check_key(request, access.key)
+        _check_access(request, access)
         return JSONResponse(body())
     except ApiError as error:
         return error_response(error)
@@ -171,6 +181,12 @@ async def _api_off(request: Request) -> Response:
     return error_response(ApiError(
         403, f"The API is off: this server is reachable from other machines and was started without a key. "
              f"Restart it with --api-key KEY (or set {API_KEY_ENV}).", type="permission_error", code="api_off"))
+
+
+def _check_access(request: Request, access: ApiAccess) -> None:
+    """Every route's guard: a page of another site is refused, then a missing or wrong key."""
+    _check_origin(request, access)
+    _check_key(request, access.key)
 
 
 def _check_key(request: Request, key: str | None) -> None:
@@ -233,7 +249,7 @@ async def _read_body(request: Request) -> bytes:
 # ---------------------------------------------------------------- generating
 
 
-async def _complete(request: Request, holder: ModelHolder, chat: ChatRequest) -> Response:
+async def _complete(request: Request, holder: ModelHolder, chat: ChatRequest, metrics: ServerMetrics) -> Response:
     """Wait for the device, then answer at once (non-streamed) or as server-sent events.
 
     Everything that can refuse the request (a full queue, a model that can't load, a prompt
@@ -241,7 +257,7 @@ async def _complete(request: Request, holder: ModelHolder, chat: ChatRequest) ->
     gone = threading.Event()  # set when the client disconnects: waiting and generating stop
     watcher = asyncio.ensure_future(_watch_disconnect(request, gone))
     try:
-        job = await anyio.to_thread.run_sync(Completion.start, holder, chat, gone)
+        job = await anyio.to_thread.run_sync(Completion.start, holder, chat, gone, metrics)
     except Cancelled:
         watcher.cancel()
         return Response(status_code=DISCONNECTED)
