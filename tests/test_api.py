@@ -391,8 +391,8 @@ def test_a_failing_generation_is_one_line_and_the_server_goes_on(server, client,
         def __getattr__(self, name):  # the rest is the engine's
             return getattr(self.engine, name)
 
-        def stream(self, prompt_ids, params):
-            for n, event in enumerate(self.engine.stream(prompt_ids, params)):
+        def stream(self, prompt_ids, params, *settings):  # (tree_nodes)
+            for n, event in enumerate(self.engine.stream(prompt_ids, params, *settings)):
                 if n == 3:
                     raise RuntimeError("kernel exploded\nTraceback (most recent call last): ...")
                 yield event
