@@ -62,3 +62,66 @@ def speculative_accept(
     if n < k:
         return n, sample(residual_distribution(p[n], q[n]), generator)
     return n, sample(p[k], generator)
+
+
+# ---------------------------------------------------------------- trees
+# A tree draft: node i has token x_i and parent parents[i] (-1: the context's last token); row 0
+# of p is the target's distribution after the last token, row i + 1 after node i's path. Each
+# rule walks down from the root, one level per accepted token, and returns (the accepted path as
+# node indices, the target's token after it).
+
+
+def children_of(parents: list[int]) -> list[list[int]]:
+    """children[r]: the nodes whose parent is row r (row 0 the last token, row i + 1 node i), in
+    draft order, the order the rules try siblings in."""
+    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for node, parent in enumerate(parents):
+        children[parent + 1].append(node)
+    return children
+
+
+def greedy_accept_tree(target_choice: torch.Tensor, draft_tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+    """The longest path whose every token is the target's argmax after its parent, then the
+    target's own token: exactly what plain greedy decoding emits (a chain is the one-child case
+    of greedy_accept). target_choice: [n + 1] the target's argmax at each row."""
+    choices = target_choice.tolist()
+    children = children_of(parents)
+    path, row = [], 0
+    while True:
+        match = next((node for node in children[row] if draft_tokens[node] == choices[row]), None)
+        if match is None:
+            return path, choices[row]
+        path.append(match)
+        row = match + 1
+
+
+def speculative_accept_tree(
+    p: torch.Tensor, q: torch.Tensor, draft_tokens: list[int], parents: list[int], generator: torch.Generator
+) -> tuple[list[int], int]:
+    """Recursive rejection sampling over siblings (SpecInfer's multi-step speculative sampling,
+    arXiv 2305.09781; without replacement, Jeon et al. arXiv 2402.14160), which keeps exactly
+    the target's distribution.
+
+    p: [n + 1, V] the target's distributions by row; q: [n, V], row i the distribution node i
+    was drawn from, given its parent and its earlier siblings (one-hot for a deterministic
+    drafter). At a row, each child x in turn is accepted with probability min(1, p(x) / q(x));
+    on a rejection p becomes the residual norm(max(p - q, 0)) and the next sibling is tried. A
+    kept child's row is the next level; when every child is rejected the target draws from what
+    is left of p (after a one-hot sibling that is p with that token zeroed), and at a leaf it
+    draws a bonus token from p. Why it is exact: given the siblings tried so far, the residual
+    is what the output must still add up to, whatever the rejected token was.
+    """
+    children = children_of(parents)
+    path, row = [], 0
+    while True:
+        target = p[row]
+        for node in children[row]:
+            x = draft_tokens[node]
+            r = torch.rand((), generator=generator, device=p.device)
+            if r * q[node, x] < target[x]:  # r < p/q without the division, as the chain rule
+                path.append(node)
+                row = node + 1
+                break
+            target = residual_distribution(target, q[node])
+        else:
+            return path, sample(target, generator)

@@ -10,7 +10,13 @@ The engine drives a drafter through these calls per generation:
                                              reading them; timed apart from drafting
     propose(context, k, params, generator)  -> Draft: up to k tokens + the distributions
                                              they were drawn from
+    propose_tree(context, k, nodes, ...)    what the engine calls: a Draft that may be a tree of
+                                             up to `nodes` tokens, k deep at most (nodes 0: a
+                                             chain); by default propose()'s chain
     accepted(n)                             the target kept the first n drafted tokens
+    accepted_path(nodes)                    the target kept these draft nodes (a path from the
+                                             root, in order); by default accepted(len(nodes)),
+                                             which is exact for a chain
     unverified()                            a plain round's proposal, only compared (free drafters)
     release(context)                        the generation ended with this sequence (None:
                                              drop whatever the drafter kept from it)
@@ -29,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .decoding.tree import row_depths
 from .policy import StepCosts
 from .sampling import SamplingParams
 
@@ -39,6 +46,24 @@ class Draft:
     # [len(tokens), V_target] distributions the tokens were drawn from, or None when the
     # drafter is deterministic (each q is then one-hot at its token) or decoding is greedy.
     probs: torch.Tensor | None = None
+    # A tree: the parent of each token, an index into `tokens` or -1 for the context's last
+    # token; parents come before their children. Each probs row is then the distribution its
+    # token was drawn from given its path and its earlier siblings. None: a chain (the parent
+    # of each token is the one before it), what every drafter proposed before trees.
+    parents: list[int] | None = None
+
+    @property
+    def depth(self) -> int:
+        """The longest path's tokens: what a round may accept at most."""
+        if self.parents is None:
+            return len(self.tokens)
+        return max(row_depths(self.parents))
+
+    def is_leaf(self, node: int) -> bool:
+        """Whether no token of the draft follows `node` (-1: the last token, a leaf of an empty draft)."""
+        if self.parents is None:
+            return node == len(self.tokens) - 1
+        return node not in self.parents
 
 
 NO_DRAFT = Draft(tokens=[])
@@ -86,8 +111,23 @@ class Drafter:
     ) -> Draft:
         return NO_DRAFT
 
+    def propose_tree(
+        self, context: list[int], k: int, nodes: int, params: SamplingParams, generator: torch.Generator
+    ) -> Draft:
+        """A draft that may be a tree (Draft.parents) of at most `nodes` tokens and k deep;
+        nodes 0: the target verifies chains only now. A chain drafter keeps the default: its
+        chain of up to k tokens."""
+        return self.propose(context, k, params, generator)
+
     def accepted(self, n: int) -> None:
         """The target accepted the first n tokens of the last draft (told only of a draft that had tokens)."""
+
+    def accepted_path(self, nodes: list[int]) -> None:
+        """The target accepted these nodes of the last draft, the path from its root in order
+        (told only of a draft that had tokens). A tree drafter that keeps state per node (a
+        cache) keeps the path's and drops the rest; for a chain the path is its first
+        len(nodes) tokens, hence the default."""
+        self.accepted(len(nodes))
 
     def unverified(self) -> None:
         """The last proposal was only compared with the target's token, never verified (a free

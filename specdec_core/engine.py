@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .acceptance import greedy_accept, speculative_accept
+from .acceptance import greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
 from .chat import eos_token_ids
 from .decoding.base import context_limit
 from .decoding.eager import CachedModel, KeptRunner
 from .decoding.features import feature_tap
+from .decoding.tree import check_parents, is_chain_prefix
 from .detok import IncrementalDetokenizer
 from .drafter import Draft, Drafter
 from .errors import PromptTooLong
@@ -76,9 +77,9 @@ class SpeculativeEngine:
     def speculative(self) -> bool:
         return type(self.drafter) is not Drafter
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+    def generate(self, prompt_ids: list[int], params: SamplingParams, tree_nodes: int | None = None) -> GenerationResult:
         """Run to the end; the tokens, text, sources and stats of the whole reply."""
-        events = list(self.stream(prompt_ids, params))
+        events = list(self.stream(prompt_ids, params, tree_nodes))
         return GenerationResult(
             token_ids=[e.token_id for e in events],
             text="".join(e.text for e in events),
@@ -86,8 +87,11 @@ class SpeculativeEngine:
             stats=self.stats,
         )
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[TokenEvent]:
+    def stream(self, prompt_ids: list[int], params: SamplingParams, tree_nodes: int | None = None) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token, as soon as its round is verified.
+
+        tree_nodes: the most draft tokens a round may verify as a tree (0: chains only; None:
+        the policy decides), within what the target's runner verifies.
 
         Lazy: nothing runs between events unless the consumer asks for the next one, so a
         consumer that stops iterating (or closes the generator) stops the computation.
@@ -100,11 +104,14 @@ class SpeculativeEngine:
         room_in_context = self.context_limit - len(context)
         budget = min(params.max_new_tokens, room_in_context)
         self.drafter.reset(context)  # first: it may need the target's features from further back
+        target = self._target.start(context, at_most=self.drafter.features_from())  # a new generation
+        policy = self._policy_for(params)
         call = _Call(
             params=params,
             context=context,
-            target=self._target.start(context, at_most=self.drafter.features_from()),  # a new generation
-            policy=self._policy_for(params),
+            target=target,
+            policy=policy,
+            tree_nodes=policy.tree_nodes(tree_nodes, getattr(target, "max_tree_nodes", 0)),
             output=_Output(self.tokenizer, self.eos_ids, params.stop, budget,
                            length_reason=LENGTH if params.max_new_tokens <= room_in_context else LENGTH_CONTEXT),
             generator=make_generator(params.seed, self.target_model.device),
@@ -199,24 +206,39 @@ class SpeculativeEngine:
         if k > 0 and lag > 0:
             self._catch_up_drafter(call, lag)
         started = time.perf_counter()
-        draft = self.drafter.propose(context, k, call.params, call.generator) if k > 0 else Draft([])
+        draft = self._propose(call, k) if k > 0 else Draft([])
         drafted = time.perf_counter()
-        logits = self._verify(call.target, context[-1], draft.tokens)
-        n, token = self._accept(logits, draft, call.params, call.generator)
+        logits = self._verify(call.target, context[-1], draft)
+        path, token = self._accept(logits, draft, call.params, call.generator)
         verified = time.perf_counter()
-        call.target.crop(len(context) + n)  # roll back: forget the rejected drafts
-        self._observe(len(context) - 1, n + 1)  # the target features that stand, to a drafter that reads them
+        kept_rows = [0, *(node + 1 for node in path)]  # the verify step's rows that stand: the last token, the path
+        _roll_back(call.target, len(context) - 1, kept_rows)  # forget the rejected drafts
+        self._observe(len(context) - 1, kept_rows)  # the target features that stand, to a drafter that reads them
         if draft.tokens:  # a plain round verified no draft: nothing to tell the drafter
-            self.drafter.accepted(n)
+            self.drafter.accepted_path(path)
         if k == 0 and policy.drafting_is_free():  # keep learning from the drafter at no cost
             unverified = self.drafter.propose(context, 1, call.params, call.generator).tokens
             self.drafter.unverified()
             if unverified:
                 policy.observe_unverified(unverified[0] == token)
-        policy.update(len(draft.tokens), n, drafted - started, verified - drafted)
-        self.stats.record_round(len(draft.tokens), n, drafted - started, verified - drafted)
+        n, tree_depth = len(path), (draft.depth if draft.parents is not None else None)
+        policy.update(len(draft.tokens), n, drafted - started, verified - drafted, depth=tree_depth)
+        self.stats.record_round(len(draft.tokens), n, drafted - started, verified - drafted, tree_depth=tree_depth)
         self.stats.draft_length = policy.k
-        return list(zip(draft.tokens[:n] + [token], _sources(len(draft.tokens), n)))
+        tokens = [draft.tokens[node] for node in path] + [token]
+        return list(zip(tokens, _sources(len(draft.tokens), n, draft.is_leaf(path[-1] if path else -1))))
+
+    def _propose(self, call: _Call, k: int) -> Draft:
+        """The drafter's draft of at most k tokens deep: a chain, or a tree of at most the
+        call's tree_nodes tokens (ValueError for a drafter that breaks those bounds)."""
+        draft = self.drafter.propose_tree(call.context, k, call.tree_nodes, call.params, call.generator)
+        if draft.parents is not None:
+            check_parents(draft.parents)
+            if len(draft.parents) != len(draft.tokens) or len(draft.tokens) > call.tree_nodes or draft.depth > k:
+                raise ValueError(f"the {self.drafter.name} drafter proposed a tree of {len(draft.tokens)} tokens, "
+                                 f"{draft.depth} deep, with {len(draft.parents)} parents: at most "
+                                 f"{call.tree_nodes} tokens, {k} deep, one parent per token")
+        return draft
 
     def _catch_up_drafter(self, call: _Call, lag: int) -> None:
         """Let the drafter read what it missed (a new prompt, plain rounds), timed on its own:
@@ -250,39 +272,64 @@ class SpeculativeEngine:
             self.stats.target_forwards += 1
             self.stats.verify_s += time.perf_counter() - started
 
-    def _verify(self, target: CachedModel, last_token: int, draft_tokens: list[int]) -> torch.Tensor:
-        """One target forward over [last, d1..dk] -> [k+1, V] logits."""
+    def _verify(self, target: CachedModel, last_token: int, draft: Draft) -> torch.Tensor:
+        """One target forward over [last, d1..dk] -> [k+1, V] logits; a tree's with its tree
+        attention (row i + 1 scores what follows token i's path)."""
         self.stats.target_forwards += 1
         self._tap.start()
-        return target.forward([last_token, *draft_tokens])
+        if draft.parents is None:
+            return target.forward([last_token, *draft.tokens])
+        return target.forward_tree([last_token, *draft.tokens], draft.parents)
 
-    def _observe(self, position: int, rows: int) -> None:
-        """Hand the drafter the first `rows` of the features the last target forward captured
-        (sequence positions from `position`), if it reads any."""
+    def _observe(self, position: int, rows: int | list[int]) -> None:
+        """Hand the drafter the features the last target forward captured for its rows `rows`
+        (a count: the first ones), which stand at sequence positions from `position`, if it
+        reads any."""
         features = self._tap.take()
         if features is not None:
-            self.drafter.observe(features[:rows], position)
+            if isinstance(rows, int) or is_chain_prefix(rows):
+                features = features[: rows if isinstance(rows, int) else len(rows)]
+            else:
+                features = features[torch.tensor(rows, device=features.device)]
+            self.drafter.observe(features, position)
 
     @staticmethod
     def _accept(
         logits: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator
-    ) -> tuple[int, int]:
-        """How many drafts the target keeps, and the token it adds after them."""
+    ) -> tuple[list[int], int]:
+        """The draft tokens the target keeps (a path from the root, as indices into
+        draft.tokens; a chain's first n), and the token it adds after them."""
         if params.greedy:
-            return greedy_accept(logits.argmax(dim=-1), draft.tokens)
+            if draft.parents is not None:
+                return greedy_accept_tree(logits.argmax(dim=-1), draft.tokens, draft.parents)
+            n, token = greedy_accept(logits.argmax(dim=-1), draft.tokens)
+            return list(range(n)), token
         p = probabilities(logits, params)
         q = draft.probs if draft.probs is not None else _one_hot(draft.tokens, p.shape[-1], p.device)
-        return speculative_accept(p, q, draft.tokens, generator)
+        if draft.parents is not None:
+            return speculative_accept_tree(p, q, draft.tokens, draft.parents, generator)
+        n, token = speculative_accept(p, q, draft.tokens, generator)
+        return list(range(n)), token
 
 
-def _sources(drafted: int, accepted: int) -> list[str]:
-    """Provenance of the accepted drafts and of the target's token that closes the round."""
+def _roll_back(target: CachedModel, start: int, rows: list[int]) -> None:
+    """After a verify step from `start` cached tokens, keep its rows `rows`: a chain's first
+    rows are a crop; a tree's accepted path moves into place (keep_rows)."""
+    if is_chain_prefix(rows):
+        target.crop(start + len(rows))
+    else:
+        target.keep_rows(start, rows)
+
+
+def _sources(drafted: int, accepted: int, ended_at_leaf: bool) -> list[str]:
+    """Provenance of the accepted drafts and of the target's token that closes the round: a
+    bonus when the accepted path ran to the end of the draft (a leaf), else a resample."""
     if drafted == 0:
         closing = TARGET
-    elif accepted < drafted:
-        closing = RESAMPLED
-    else:
+    elif ended_at_leaf:
         closing = BONUS
+    else:
+        closing = RESAMPLED
     return [DRAFT] * accepted + [closing]
 
 
@@ -302,6 +349,7 @@ class _Call:
     context: list[int]  # prompt + reply so far
     target: CachedModel  # the target's KV cache, kept from the engine's last generation
     policy: DraftLengthPolicy  # the engine's, or with a seed one of the call's own
+    tree_nodes: int  # the most draft tokens a round may verify as a tree (0: chains only)
     output: _Output
     generator: torch.Generator
 

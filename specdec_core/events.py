@@ -74,6 +74,16 @@ class Stats:
     # is computed from (counted here: a hook put on the model after its steps were compiled doesn't fire inside them).
     # Not in as_dict: the API and the CLI report the totals above.
     rounds: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    # Rounds that verified a tree draft, the draft tokens (nodes) they verified, and the depth
+    # of the paths they accepted, summed (their drafts count in the totals above as well).
+    tree_rounds: int = 0
+    tree_nodes_verified: int = 0
+    tree_accepted_depth: int = 0
+
+    @property
+    def mean_accepted_depth(self) -> float:
+        """Tokens accepted per tree round (the accepted path's depth, on average)."""
+        return self.tree_accepted_depth / self.tree_rounds if self.tree_rounds else 0.0
 
     @property
     def tokens_per_target_forward(self) -> float:
@@ -102,15 +112,22 @@ class Stats:
         seconds = self.wall_s - self.ttft_s if self.ttft_s is not None else 0.0
         return tokens / seconds if tokens > 0 and seconds > 0 else 0.0
 
-    def record_round(self, drafted: int, accepted: int, draft_s: float = 0.0, verify_s: float = 0.0) -> None:
-        """Count one verification round in which `drafted` tokens were proposed."""
+    def record_round(self, drafted: int, accepted: int, draft_s: float = 0.0, verify_s: float = 0.0,
+                     tree_depth: int | None = None) -> None:
+        """Count one verification round in which `drafted` tokens were proposed; a tree of
+        `drafted` nodes `tree_depth` deep fills the positions (depths) 1..tree_depth."""
         self.draft_s += draft_s
         self.verify_s += verify_s
-        grow = drafted - len(self.drafted_by_position)
+        if tree_depth is not None:
+            self.tree_rounds += 1
+            self.tree_nodes_verified += drafted
+            self.tree_accepted_depth += accepted
+        depth = drafted if tree_depth is None else tree_depth
+        grow = depth - len(self.drafted_by_position)
         if grow > 0:
             self.drafted_by_position.extend([0] * grow)
             self.accepted_by_position.extend([0] * grow)
-        for position in range(drafted):
+        for position in range(depth):
             self.drafted_by_position[position] += 1
         for position in range(accepted):
             self.accepted_by_position[position] += 1
@@ -131,6 +148,7 @@ class Stats:
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_second": self.tokens_per_second,
             "decode_tokens_per_second": self.decode_tokens_per_second,
+            "mean_accepted_depth": self.mean_accepted_depth,
         }
 
 

@@ -189,6 +189,15 @@ def test_speculative_stats_and_timings_agree(client):
     assert plain["speculative"]["mean_acceptance_length"] == 1.0
 
 
+def test_tree_nodes_is_taken_and_chain_replies_report_no_tree_rounds(client):
+    """speculative.tree_nodes reaches the engine (0: chains only); a chain drafter's reply says
+    it verified no tree (tree rounds themselves: tests/test_tree.py)."""
+    for tree_nodes in (0, 16):
+        spec = ask(client, "one two three one two three", max_tokens=12,
+                   extra_body={"speculative": {"drafter": "model", "tree_nodes": tree_nodes}}).model_extra["speculative"]
+        assert (spec["tree_rounds"], spec["tree_nodes_verified"], spec["mean_accepted_depth"]) == (0, 0, 0.0)
+
+
 def test_sources_are_the_uis_colours_for_the_same_reply(server, client):
     message, settings = "Count with me: one two three one two three", dict(drafter="model", draft_length=4,
                                                                         adaptive=False)
@@ -238,6 +247,8 @@ def test_sampling_with_a_seed_repeats(client):
     (dict(extra_body={"speculative": {"drafter": "psychic"}}), "speculative.drafter", ", ".join(DRAFTERS)),
     (dict(extra_body={"speculative": {"draft_length": 0}}), "speculative.draft_length", "[1, 16]"),
     (dict(extra_body={"speculative": {"adaptive": "yes"}}), "speculative.adaptive", "true or false"),
+    (dict(extra_body={"speculative": {"tree_nodes": 65}}), "speculative.tree_nodes", "[0, 64]"),
+    (dict(extra_body={"speculative": {"tree_nodes": "all"}}), "speculative.tree_nodes", "integer"),
     (dict(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
     (dict(seed="x"), "seed", "integer"),
 ])
@@ -380,8 +391,8 @@ def test_a_failing_generation_is_one_line_and_the_server_goes_on(server, client,
         def __getattr__(self, name):  # the rest is the engine's
             return getattr(self.engine, name)
 
-        def stream(self, prompt_ids, params):
-            for n, event in enumerate(self.engine.stream(prompt_ids, params)):
+        def stream(self, prompt_ids, params, *settings):  # (tree_nodes)
+            for n, event in enumerate(self.engine.stream(prompt_ids, params, *settings)):
                 if n == 3:
                     raise RuntimeError("kernel exploded\nTraceback (most recent call last): ...")
                 yield event

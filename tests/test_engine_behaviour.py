@@ -39,11 +39,11 @@ def test_cache_rollback_keeps_exact_state(target, smol_tokenizer, prompt_ids):
     checks = []
     original_verify = engine._verify
 
-    def checked_verify(runner, last_token, draft_tokens):
-        logits = original_verify(runner, last_token, draft_tokens)
+    def checked_verify(runner, last_token, draft):
+        logits = original_verify(runner, last_token, draft)
         with torch.no_grad():
             fresh = target(torch.tensor([context])).logits[0, -1]
-        checks.append((runner.length - len(draft_tokens) - 1 == len(context) - 1,
+        checks.append((runner.length - len(draft.tokens) - 1 == len(context) - 1,
                        torch.allclose(logits[0], fresh, atol=1e-4)))
         return logits
 

@@ -12,6 +12,7 @@ import torch
 from scipy.stats import chisquare
 
 from specdec_core import EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core.drafter import Draft, Drafter
 from specdec_core.drafters import Eagle3Head
 from specdec_core.sampling import probabilities
 from tests.tiny_models import tiny_llama
@@ -138,3 +139,76 @@ def test_hybrid_samples_the_target_distribution(pair, smol_tokenizer):
     exact = exact_two_token_distribution(target, engine.eos_ids, params)
     counts = empirical(engine, params)
     assert chi_square_p_value(counts, exact) > 1e-3
+
+
+class TreeModelDrafter(Drafter):
+    """Samples a tree from a draft model: `widths[d]` children under each node of depth d, drawn
+    with or without replacement from the draft's distribution after their path (its logits
+    divided by `flatten`; restricted to `draft_vocab`, a reduced vocabulary, when given)."""
+
+    name = "tree-model"
+
+    def __init__(self, model, widths, replace: bool, draft_vocab=None, flatten: float = 1.0) -> None:
+        self.model, self.widths, self.replace, self.flatten = model, widths, replace, flatten
+        self.allowed = None if draft_vocab is None else torch.zeros(VOCAB, dtype=torch.bool)
+        if draft_vocab is not None:
+            self.allowed[draft_vocab] = True
+        self.depths_kept = Counter()
+
+    def _q(self, sequence, params):
+        with torch.no_grad():
+            q = probabilities(self.model(torch.tensor([sequence])).logits[0, -1] / self.flatten, params)
+        if self.allowed is not None:
+            q = q * self.allowed
+        return q / q.sum()
+
+    def propose_tree(self, context, k, nodes, params, generator):
+        tokens, parents, rows, frontier = [], [], [], [(-1, [])]
+        for width in self.widths[:k]:
+            next_frontier = []
+            for parent, path in frontier:
+                left = self._q(context + path, params)
+                for _ in range(width):
+                    if left.sum() <= 0:
+                        break
+                    source = left / left.sum()
+                    token = int(torch.multinomial(source, 1, generator=generator))
+                    tokens.append(token)
+                    parents.append(parent)
+                    rows.append(source)
+                    next_frontier.append((len(tokens) - 1, path + [token]))
+                    if not self.replace:
+                        left = left.clone()
+                        left[token] = 0
+            frontier = next_frontier
+        return Draft(tokens, probs=torch.stack(rows), parents=parents)
+
+    def accepted_path(self, nodes):
+        self.depths_kept[len(nodes)] += 1
+
+
+@pytest.mark.parametrize(
+    "replace, draft_vocab, params",
+    [
+        (True, None, SamplingParams(temperature=1.0)),
+        (False, None, SamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
+        (False, [6, 3, 7, 0, 4], SamplingParams(temperature=1.0)),
+    ],
+    ids=["with-replacement-t1", "without-t0.7-topk5-topp0.9", "without-5-of-8-t1"],
+)
+def test_tree_drafts_sample_the_target_distribution(pair, smol_tokenizer, replace, draft_vocab, params):
+    """Tree rounds (3 candidates, 2 under each) keep the target's distribution: chi-square. The
+    draft is the target made 6 times flatter, so every depth is kept now and then."""
+    target, _ = pair
+    drafter = TreeModelDrafter(target, widths=(3, 2), replace=replace, draft_vocab=draft_vocab, flatten=6.0)
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter, draft_length=2, adaptive=False)
+    exact = exact_two_token_distribution(target, engine.eos_ids, params)
+    counts = Counter()
+    for seed in range(RUNS):  # 3 tokens, so the first round drafts two levels: its tokens are the first two
+        run = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                             max_new_tokens=3, seed=seed)
+        counts[tuple(engine.generate(PROMPT, run).token_ids[:2])] += 1
+    assert chi_square_p_value(counts, exact) > 1e-3
+    flat = SamplingParams(temperature=params.temperature * 6, top_k=params.top_k, top_p=params.top_p)
+    assert chi_square_p_value(counts, exact_two_token_distribution(target, engine.eos_ids, flat)) < 1e-6
+    assert {0, 1, 2} <= set(drafter.depths_kept)  # rejected, one level kept, two kept: all happen

@@ -379,3 +379,20 @@ def test_where_the_kernel_is_missing_the_preset_runs_fp32_and_one_note_says_so(m
     assert "no int4 CPU kernel" in notes[0]
     assert models.info[0].quantization == "none"
     assert "int4" not in models.describe() and "prepacked weights" in models.describe()
+
+
+def test_tree_rounds_on_the_4bit_target_equal_plain_decoding(smollm2_gguf):
+    """Greedy tree rounds verified with row-exact attention (each row against the prefix and its
+    ancestors) give plain decoding's reply token for token on the real 4-bit target."""
+    from specdec_core import SamplingParams, SpeculativeEngine
+    from tests.test_tree import OracleTreeDrafter, decoys_for, random_shape
+
+    target, tokenizer = smollm2_gguf.target, smollm2_gguf.tokenizer
+    ids = tokenizer(_SUMMARIZE)["input_ids"]
+    params = SamplingParams(max_new_tokens=24)
+    plain = SpeculativeEngine(target, tokenizer).generate(ids, params).token_ids
+    drafter = OracleTreeDrafter(ids + plain, random_shape, 12, decoys_for(plain), seed=5)
+    engine = SpeculativeEngine(target, tokenizer, drafter=drafter, draft_length=5, adaptive=False)
+    assert engine.generate(ids, params).token_ids == plain
+    assert engine.stats.tree_rounds > 0 and engine.stats.tree_accepted_depth > 0
+    assert [len(path) for path in drafter.kept] == drafter.planted[: len(drafter.kept)]

@@ -3,6 +3,7 @@ a 1-token step does, so greedy speculation on a bf16-rounding target stays token
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdec_core.kernels.int4_linear import kernel_problem, quantise_linear_layers
@@ -87,3 +88,44 @@ def test_a_left_padded_batch_generates_what_each_sequence_generates_alone():
     for prompt, row in zip(prompts, batched.tolist()):
         alone = model.generate(input_ids=torch.tensor([prompt]), **settings)[0, len(prompt):].tolist()
         assert row == alone
+
+
+def _path_of(node: int, parents: list[int]) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+@pytest.mark.parametrize("lean", [False, True], ids=["transformers-layers", "lean-layers"])
+def test_every_row_of_a_tree_step_is_bitwise_its_paths_one_token_step(lean):
+    """A tree's verify step (each row attending to the prefix and its own ancestors) scores every
+    node bitwise as plain decoding of its path does, and after keeping a path the cache goes on
+    bitwise as plain decoding's: greedy tree rounds stay exact on the 4-bit target."""
+    from specdec_core.kernels.lean_layers import use_lean_layers, uses_lean_layers
+
+    # widths whose int4 blocks stack (as tests/test_lean_layers.py's), so lean layers take the steps
+    model = tiny_llama(4, vocab=VOCAB, init=0.2, hidden_size=128, intermediate_size=256, num_attention_heads=2,
+                       num_key_value_heads=1)
+    assert quantise_linear_layers(model) == 2 * 7 + 1
+    assert use_row_exact_attention(model) is None
+    if lean:
+        assert use_lean_layers(model) is None and uses_lean_layers(model)
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, VOCAB, (40,), generator=generator).tolist()
+    parents = [-1, -1, 0, 0, 1, 2, 2, 4, 5, 5, -1, 10, 3, 8, 13, 14]  # 16 nodes, 6 deep
+    tokens = torch.randint(0, VOCAB, (len(parents),), generator=generator).tolist()
+    runner = CachedModel(model)
+    assert runner.max_tree_nodes == MAX_ROWS - 1
+    runner.forward(prompt[:-1], last_only=True)
+    rows = runner.forward_tree([prompt[-1], *tokens], parents)
+    for node in range(-1, len(parents)):
+        path = [tokens[i] for i in _path_of(node, parents)]
+        plain = _one_token_steps(model, prompt[:-1], [prompt[-1], *path])[-1]
+        assert torch.equal(rows[node + 1], plain), node
+    path = _path_of(14, parents)  # 0 -> 2 -> 5 -> 8 -> 13 -> 14: rows that must move
+    runner.keep_rows(len(prompt) - 1, [0, *(n + 1 for n in path)])
+    after = runner.forward([7, 9])
+    plain = _one_token_steps(model, prompt[:-1], [prompt[-1], *(tokens[i] for i in path), 7, 9])
+    assert torch.equal(after[0], plain[-2]) and torch.equal(after[1], plain[-1])

@@ -59,13 +59,17 @@ def test_defaults_and_extensions():
     assert request.params.seed == 1 and request.include_usage and request.stream
     assert (request.speculative.drafter, request.speculative.draft_length, request.speculative.adaptive) == (
         "none", 2, False)
+    assert request.speculative.tree_nodes is None
+    assert parse_chat_request(body(speculative={"tree_nodes": 0}), ["tiny"], 64).speculative.tree_nodes == 0
+    assert parse_chat_request(body(speculative={"tree_nodes": 64}), ["tiny"], 64).speculative.tree_nodes == 64
 
 
 @pytest.mark.parametrize("fields, param", [
     (dict(temperature=True), "temperature"), (dict(max_tokens=2.5), "max_tokens"), (dict(top_k="3"), "top_k"),
     (dict(stream="yes"), "stream"), (dict(stream_options={"include_usage": 1}), "stream_options.include_usage"),
     (dict(stop=[""]), "stop"), (dict(speculative=[1]), "speculative"), (dict(messages="hi"), "messages"),
-    (dict(model=3), "model"),
+    (dict(model=3), "model"), (dict(speculative={"tree_nodes": -1}), "speculative.tree_nodes"),
+    (dict(speculative={"tree_nodes": 65}), "speculative.tree_nodes"),
 ])
 def test_bad_types_name_their_field(fields, param):
     with pytest.raises(ApiError) as caught:
@@ -81,6 +85,18 @@ def test_the_stats_follow_vllms_definitions():
     assert spec["acceptance_rate_per_position"] == [2 / 3, 1 / 3, 1 / 3]
     assert spec["mean_acceptance_length"] == pytest.approx(1 + 4 / 3)
     assert spec["acceptance_rate"] == pytest.approx(4 / 9)
+    assert (spec["tree_rounds"], spec["tree_nodes_verified"], spec["mean_accepted_depth"]) == (0, 0, 0.0)
     assert timings(stats, prompt_tokens=20) == {
         "prompt_n": 20, "predicted_n": 9, "predicted_ms": 500.0, "predicted_per_token_ms": pytest.approx(500 / 9),
         "predicted_per_second": 18.0, "draft_n": 9, "draft_n_accepted": 4}
+
+
+def test_tree_rounds_are_counted_by_depth_and_nodes():
+    stats = Stats(new_tokens=7, target_forwards=3, wall_s=0.5, ttft_s=0.1)
+    stats.record_round(6, 2, tree_depth=3)  # a tree of 6 nodes, 3 deep: a path of 2 kept
+    stats.record_round(4, 0, tree_depth=2)
+    stats.record_round(2, 2)  # a chain
+    spec = speculative(stats, "medusa")
+    assert (spec["tree_rounds"], spec["tree_nodes_verified"], spec["mean_accepted_depth"]) == (2, 10, 1.0)
+    assert spec["drafted_tokens"] == 12 and spec["accepted_tokens"] == 4
+    assert spec["acceptance_rate_per_position"] == [2 / 3, 2 / 3, 0.0]  # positions are depths

@@ -18,13 +18,20 @@ import torch
 # The longest step a path runs in one call: the last token and up to 16 drafts. The draft
 # length's bound (policy.DRAFT_LENGTH_BOUNDS) and row-exact attention's rows follow from it.
 MAX_STEP_TOKENS = 17
+# The largest tree draft a path verifies in one step (paths that verify trees at all: see
+# CachedModel.max_tree_nodes); GPU-sized trees of up to 64 nodes fit.
+MAX_TREE_NODES = 64
 
 EAGER_DYNAMIC = "eager dynamic cache"
 
 
 class Runner(Protocol):
     """One generation's KV cache and the steps that fill it (batch size 1). Position is the
-    state: the cache holds the first `length` tokens and nothing else reaches into it."""
+    state: the cache holds the first `length` tokens and nothing else reaches into it.
+
+    A runner that verifies tree drafts (eager.CachedModel) also has `max_tree_nodes` > 0,
+    forward_tree(token_ids, parents) and keep_rows(start, rows); the engine reads
+    max_tree_nodes as 0 where it is missing (chains only)."""
 
     @property
     def length(self) -> int:

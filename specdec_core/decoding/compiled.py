@@ -299,6 +299,8 @@ class CompiledRunner(CachedModel):
     """CachedModel whose steps of up to MAX_STEP_TOKENS tokens run on CompiledSteps' graphs, from the
     first generation that begins (begin()) once they are ready."""
 
+    max_tree_nodes = 0  # its steps are compiled for chains: no tree drafts (yet)
+
     def __init__(self, steps: CompiledSteps, warming_up: bool = False) -> None:
         # Eager steps run the model, whose hooks fill the taps engines read; the warm-up (on a
         # compiling thread, perhaps) runs the twin, which writes none of them.

@@ -15,7 +15,19 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .base import EAGER_DYNAMIC, DecodePath, model_name
+from .base import EAGER_DYNAMIC, MAX_TREE_NODES, DecodePath, model_name
+from .tree import TREE_KWARG, check_parents, row_depths, tree_attention_mask
+
+# The attention implementations that verify a tree, and the most nodes each takes: the stock ones
+# apply a custom 4D mask as given (transformers 5 hands a 4D mask to them unchanged); others add
+# themselves (allow_trees). Flash-attention kernels, for one, take no mask and can't.
+TREE_ATTENTION = {"sdpa": MAX_TREE_NODES, "eager": MAX_TREE_NODES}
+
+
+def allow_trees(attention: str, max_nodes: int) -> None:
+    """Let runners of models on the attention implementation `attention` verify trees of up to
+    `max_nodes` draft tokens (it reads the tree from the TREE_KWARG keyword or the 4D mask)."""
+    TREE_ATTENTION[attention] = max_nodes
 
 
 @functools.cache
@@ -146,6 +158,53 @@ class CachedModel:
             logits_to_keep=1 if last_only else 0,
         )
         return out.logits[0].float()
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """The most draft nodes forward_tree verifies in one step (0: chains only): trees need an
+        attention that applies a custom mask, and growing layers to compact (keep_rows)."""
+        attention = getattr(self.model.config, "_attn_implementation", None)
+        layers = self.cache.layers
+        growing = all(type(layer) is GrowingLayer for layer in layers) and (
+            bool(layers) or self.cache.layer_class_to_replicate is GrowingLayer)
+        return TREE_ATTENTION.get(attention, 0) if growing else 0
+
+    @torch.inference_mode()
+    def forward_tree(self, token_ids: list[int], parents: list[int]) -> torch.Tensor:
+        """Verify a tree draft in one forward: token_ids = [last, d1..dn], parents[i] the parent
+        of draft node i (-1: the last token; see tree.py). Returns float32 logits [n + 1, V],
+        row i + 1 scoring what follows node i's path. The cache then holds all n + 1 rows in
+        this order; keep_rows keeps the accepted path's."""
+        check_parents(parents)
+        if len(parents) != len(token_ids) - 1 or len(parents) > self.max_tree_nodes:
+            raise ValueError(f"a tree of {len(parents)} nodes (with {len(token_ids)} tokens) can't be verified "
+                             f"here: at most {self.max_tree_nodes} nodes, one parent per draft token")
+        cached = self.length
+        positions = torch.tensor([[cached + depth for depth in row_depths(parents)]], device=self.device)
+        mask = tree_attention_mask(parents, cached, self.model.dtype, self.device)
+        out = self.model(
+            input_ids=torch.tensor([token_ids], device=self.device),
+            attention_mask=mask,
+            position_ids=positions,
+            **cache_kwargs(self.model, self.cache),
+            use_cache=True,
+            **{TREE_KWARG: parents},
+        )
+        return out.logits[0].float()
+
+    @torch.inference_mode()
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """After forward_tree from `start` cached tokens: keep the first `start` tokens and the
+        step's rows `rows` (offsets from `start`, in path order), moved to follow them; forget
+        the rest (the rejected branches)."""
+        index = torch.tensor([start + row for row in rows], device=self.device)
+        for layer in self.cache.layers:
+            if not layer.is_initialized:
+                continue
+            # index_select copies first, so moving a row onto another kept row's slot is safe
+            layer._key_room[..., start : start + len(rows), :] = layer.keys.index_select(-2, index)
+            layer._value_room[..., start : start + len(rows), :] = layer.values.index_select(-2, index)
+            layer.hold(start + len(rows))
 
     def memory_bytes(self) -> int:
         """Bytes the cache has allocated (its spare room included)."""

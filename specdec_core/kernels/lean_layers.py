@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from ..decoding.tree import TREE_KWARG
 from .int4_linear import Int4Linear
 from .row_attention import MAX_ROWS, row_exact_attention, uses_row_exact_attention
 
@@ -84,7 +85,8 @@ class _LeanStep:
                    for part in _product(self.qkv, layer.input_layernorm(hidden_states)).split(self.qkv_sizes, dim=-1))
         q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
         k, v = cache.update(k, v, attention.layer_idx)
-        attended, _ = row_exact_attention(attention, q, k, v, None, dropout=0.0, scaling=attention.scaling)
+        attended, _ = row_exact_attention(attention, q, k, v, None, dropout=0.0, scaling=attention.scaling,
+                                          **{TREE_KWARG: kwargs.get(TREE_KWARG)})  # a tree's step: its parents
         hidden_states = hidden_states + _product(attention.o_proj, attended.reshape(rows, -1))
         normed = layer.post_attention_layernorm(hidden_states)
         gate, up = _product(self.gate_up, normed).split(self.gate_up_sizes, dim=-1)

@@ -37,6 +37,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..decoding.base import MAX_STEP_TOKENS
+from ..decoding.eager import allow_trees
+from ..decoding.tree import TREE_KWARG, attended_rows
 
 NAME = "row_exact_sdpa"
 MAX_ROWS = MAX_STEP_TOKENS  # the longest verify step: a token and its drafts
@@ -45,20 +47,40 @@ MAX_ROWS = MAX_STEP_TOKENS  # the longest verify step: a token and its drafts
 def row_exact_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers' attention signature: query [batch, heads, rows, d], key and value
     [batch, kv_heads, cached + rows, d] -> ([batch, rows, heads, d], None). Row by row only for
-    batch 1 (the engine's steps)."""
+    batch 1 (the engine's steps). A tree's step (its parents under TREE_KWARG, see
+    decoding/tree.py): each row attends to the cached keys and its ancestors' and its own, gathered
+    in path order, so it computes what a 1-token step at the end of its path would."""
     batch, _, rows, _ = query.shape
     if rows > MAX_ROWS or batch > 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     seen = key.shape[2] - rows + 1  # keys the first row attends to: the cached ones and itself
+    tree = kwargs.get(TREE_KWARG)
+    gathered = _tree_key_indices(seen - 1, tree, key.device) if tree is not None else [None] * rows
     # torch's sdpa called directly, as transformers calls it for an unmasked grouped-query row
     # (sdpa_attention_forward's checks around it cost about 17 us a call, 30 calls a row here)
-    outputs = [
-        torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, i : i + 1], key[:, :, : seen + i], value[:, :, : seen + i],
-            dropout_p=kwargs.get("dropout", 0.0), scale=kwargs.get("scaling"), enable_gqa=query.shape[1] != key.shape[1])
-        for i in range(rows)
-    ]
+    outputs = []
+    for i, index in enumerate(gathered):
+        if index is None:  # the cached keys and the rows before this one: a chain's row
+            row_key, row_value = key[:, :, : seen + i], value[:, :, : seen + i]
+        else:
+            row_key, row_value = key.index_select(2, index), value.index_select(2, index)
+        outputs.append(torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, i : i + 1], row_key, row_value,
+            dropout_p=kwargs.get("dropout", 0.0), scale=kwargs.get("scaling"), enable_gqa=query.shape[1] != key.shape[1]))
     return (outputs[0] if rows == 1 else torch.cat(outputs, dim=2)).transpose(1, 2).contiguous(), None
+
+
+def _tree_key_indices(cached: int, parents: list[int], device) -> list[torch.Tensor | None]:
+    """Per row of a tree's step, the keys it attends to (the cached ones, then its path's rows),
+    or None where those are simply all the rows up to its own (a slice does)."""
+    indices = []
+    for row, attended in enumerate(attended_rows(parents)):
+        if attended == list(range(row + 1)):
+            indices.append(None)
+        else:
+            path = torch.tensor(attended, device=device) + cached
+            indices.append(torch.cat([torch.arange(cached, device=device), path]))
+    return indices
 
 
 def why_not_row_exact(model) -> str | None:
@@ -78,6 +100,7 @@ def use_row_exact_attention(model) -> str | None:
     if problem:
         return problem
     AttentionInterface.register(NAME, row_exact_attention)
+    allow_trees(NAME, MAX_ROWS - 1)  # a tree's rows too: each attends to the prefix and its ancestors
     AttentionMaskInterface.register(NAME, sdpa_mask)  # for prompts: the stock sdpa masks
     model.set_attn_implementation(NAME)
     return None

@@ -2,9 +2,10 @@
 all read these bounds; a verify step (the last token and its drafts) is one step of a decode path.
 (Adaptive drafting moves k within MIN/MAX_DRAFT_LENGTH, or up to the k asked.)"""
 
-from ..decoding.base import MAX_STEP_TOKENS
+from ..decoding.base import MAX_STEP_TOKENS, MAX_TREE_NODES
 
 DRAFT_LENGTH_BOUNDS = (1, MAX_STEP_TOKENS - 1)
+TREE_NODES_BOUNDS = (0, MAX_TREE_NODES)  # the most draft tokens a round may verify as a tree; 0: chains only
 DEFAULT_DRAFT_LENGTH = 5
 MIN_DRAFT_LENGTH = 2
 MAX_DRAFT_LENGTH = 8

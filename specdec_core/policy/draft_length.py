@@ -121,8 +121,10 @@ class DraftLengthPolicy:
         if self.adaptive:
             self.after_miss.add(accepted=int(first_draft_matched), drafted=1)
 
-    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        """Learn from one round: its acceptance and its measured costs."""
+    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float, depth: int | None = None) -> None:
+        """Learn from one round: its acceptance and its measured costs. A tree round drafted
+        `drafted` nodes (what its verify step cost is measured by) `depth` deep (what its
+        acceptance by position is counted over); a chain's depth is its length."""
         self.costs.record_target(drafted + 1, verify_s)
         self.costs.record_draft(drafted, draft_s)
         if not self.adaptive:
@@ -131,14 +133,23 @@ class DraftLengthPolicy:
             self.exploration_s += _EXPLORATION_SHARE * verify_s
             self.in_streak = False
             return
+        depth = drafted if depth is None else depth
         state = self.after_streak if self.in_streak else self.after_miss
-        state.add(accepted, drafted, steady=not self.drafting_is_free())
-        self.in_streak = accepted == drafted
-        rate = accepted / drafted
+        state.add(accepted, depth, steady=not self.drafting_is_free())
+        self.in_streak = accepted == depth
+        rate = accepted / depth
         if rate >= self.raise_at:
             self.k = min(self.k + 1, self.highest)
         elif rate < self.lower_below:
             self.k = max(self.k - 1, self.lowest)
+
+    def tree_nodes(self, asked: int | None, verifiable: int) -> int:
+        """The most draft nodes a round may verify as a tree this generation (0: chains only):
+        what the request asked for, within what the target's runner verifies (`verifiable`).
+        Unasked, as many as the longest chain's verify step reads: sizing trees by the measured
+        cost per node count is still to come (issue 49)."""
+        wanted = DRAFT_LENGTH_BOUNDS[1] if asked is None else asked
+        return max(0, min(wanted, verifiable))
 
     def _round_s(self, k: int) -> float:
         """Measured (or interpolated) time of a round that drafts k tokens and verifies them."""

@@ -95,7 +95,8 @@ class Completion:
     def pieces(self) -> Iterator[Piece]:
         """The reply, one engine token at a time (the engine applies the stop strings: text may
         lag behind a possible one, and the reply ends before the first)."""
-        steps = self._holder.steps(self._engine.stream(self.prompt_ids, self.params))
+        stream = self._engine.stream(self.prompt_ids, self.params, self.request.speculative.tree_nodes)
+        steps = self._holder.steps(stream)
         try:
             for event in steps:
                 self.last_token_at = time.perf_counter()

@@ -10,6 +10,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from ..policy import DRAFT_LENGTH_BOUNDS
+from ..policy.bounds import TREE_NODES_BOUNDS
 from ..presets.config import AUTO, DRAFTERS
 from ..sampling import MAX_SEED, MIN_TEMPERATURE, SamplingParams
 from .errors import ApiError, bad_field
@@ -30,6 +31,7 @@ class Speculative:
     drafter: str | None = None
     draft_length: int | None = None
     adaptive: bool | None = None
+    tree_nodes: int | None = None  # the most draft tokens a round may verify as a tree (0: chains only)
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,8 @@ def _speculative(value: object) -> Speculative:
     if value is None:
         return Speculative()
     if not isinstance(value, dict):
-        raise bad_field("speculative", "speculative must be an object: {\"drafter\", \"draft_length\", \"adaptive\"}.")
+        raise bad_field("speculative", "speculative must be an object: {\"drafter\", \"draft_length\", \"adaptive\", "
+                                       "\"tree_nodes\"}.")
     drafter = value.get("drafter")
     if drafter is not None and drafter not in DRAFTERS:
         raise bad_field("speculative.drafter", f"speculative.drafter must be one of {', '.join(DRAFTERS)}, "
@@ -175,6 +178,8 @@ def _speculative(value: object) -> Speculative:
         drafter=drafter,
         draft_length=_integer(value, "draft_length", None, low=DRAFT_LENGTH_BOUNDS[0], high=MAX_DRAFT_LENGTH, prefix="speculative."),
         adaptive=_boolean(value, "adaptive", None, "speculative."),
+        tree_nodes=_integer(value, "tree_nodes", None, low=TREE_NODES_BOUNDS[0], high=TREE_NODES_BOUNDS[1],
+                            prefix="speculative."),
     )
 
 

@@ -32,6 +32,11 @@ def speculative(stats: Stats, drafter: str) -> dict:
         # rate every speedup the app shows compares (Stats.decode_tokens_per_second)
         "decode_tokens_per_second": stats.decode_tokens_per_second,
         "ttft_s": stats.ttft_s,
+        # tree drafts: rounds that verified a tree, the draft tokens (nodes) they verified, and
+        # the accepted path's depth per such round (their drafts count in the totals above too)
+        "tree_rounds": stats.tree_rounds,
+        "tree_nodes_verified": stats.tree_nodes_verified,
+        "mean_accepted_depth": stats.mean_accepted_depth,
     }
 
 
