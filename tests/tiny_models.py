@@ -140,3 +140,17 @@ def fitted_medusa_heads(target, sequences: list[list[int]], num_heads: int = 2, 
             loss.backward()
             optimizer.step()
     return heads.eval()
+
+
+def write_published_medusa(folder: Path, heads) -> Path:
+    """`heads` saved as Medusa's published checkpoints are (FasterDecoding/medusa-vicuna-7b-v1.3):
+    config.json with medusa_num_heads, medusa_num_layers and base_model_name_or_path, and the
+    heads' ModuleList state dict pickled by torch.save as medusa_lm_head.pt."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
+              "base_model_name_or_path": "lmsys/vicuna-7b-v1.3", "transformers_version": "4.31.0"}
+    (folder / "config.json").write_text(json.dumps(config))
+    torch.save({k: v.half() for k, v in heads.heads.state_dict().items()}, folder / "medusa_lm_head.pt")
+    return folder

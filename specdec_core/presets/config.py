@@ -29,7 +29,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("4bit", "8bit", "none")
 # Every drafter: its name (models.yaml, the API, the CLI: a contract) and its label (the app's menu).
 DRAFTER_LABELS = {"model": "draft model", "prompt_lookup": "prompt lookup", "eagle": "EAGLE head", "hybrid": "hybrid",
-                  "none": "none"}
+                  "medusa": "Medusa heads", "none": "none"}
 DRAFTERS = tuple(DRAFTER_LABELS)
 CPU_WEIGHTS = ("fp32", "gguf")  # on CPU: dequantised fp32 (prepacked) | the GGUF's own 4-bit blocks
 GGUF_KINDS = ("gguf", "bundled")  # sources that are a GGUF file
@@ -74,11 +74,12 @@ class Preset:
     trust_remote_code: bool
     compile: bool | str  # true | false | "auto" (compiled static cache on CUDA, eager on CPU)
     cpu_weights: str = "fp32"  # "fp32" | "gguf" (the target's GGUF blocks on int4 kernels, CPU only)
+    medusa: ModelSpec | None = None  # Medusa heads for the target (drafter medusa)
 
     @property
     def offline(self) -> bool:
         """True when no model of this preset comes from the hub."""
-        return all(spec is None or spec.offline for spec in (self.target, self.draft, self.eagle))
+        return all(spec is None or spec.offline for spec in (self.target, self.draft, self.eagle, self.medusa))
 
     def needs(self) -> str:
         """What running it takes, in a few words (for `presets` listings and the UI)."""
@@ -112,6 +113,7 @@ _PRESET_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "target": ((str,), _REQUIRED),
     "draft": ((str, type(None)), None),
     "eagle": ((str, type(None)), None),
+    "medusa": ((str, type(None)), None),
     "dtype": ((str,), "auto"),
     "draft_quantization": ((str,), "none"),
     "drafter": ((str,), _REQUIRED),
@@ -205,7 +207,7 @@ def _parse_preset(name: str, body: Any, base_dir: Path, where: str) -> Preset:
     _check_keys(body, _PRESET_KEYS, required, where)
     values = {key: _typed_value(body, key, where) for key in _PRESET_KEYS}
     values["target"] = _model_source(values["target"], base_dir, where, "target")
-    for key in ("draft", "eagle"):
+    for key in ("draft", "eagle", "medusa"):
         if values[key] is not None:
             values[key] = _model_source(values[key], base_dir, where, key)
     _check_consistency(values, where)
@@ -241,6 +243,8 @@ def _check_consistency(values: dict, where: str) -> None:
         raise ConfigError(f"{where}: key 'drafter' is 'model' but the preset has no 'draft'")
     if values["drafter"] == "eagle" and values["eagle"] is None:
         raise ConfigError(f"{where}: key 'drafter' is 'eagle' but the preset has no 'eagle' head source")
+    if values["drafter"] == "medusa" and values["medusa"] is None:
+        raise ConfigError(f"{where}: key 'drafter' is 'medusa' but the preset has no 'medusa' heads source")
     if values["drafter"] == "hybrid" and values["eagle"] is None and values["draft"] is None:
         raise ConfigError(f"{where}: key 'drafter' is 'hybrid' but the preset has neither an 'eagle' head nor a 'draft'")
     lowest, highest = DRAFT_LENGTH_BOUNDS
