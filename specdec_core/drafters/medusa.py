@@ -87,7 +87,7 @@ class MedusaDrafter(Drafter):
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
         if self._row is None or self._position != len(context) - 2:
             return NO_DRAFT  # no hidden state for the last position read: nothing to draft from
-        logits = self._logits()[: min(k, self.heads.num_heads)]
+        logits = self._logits(min(k, self.heads.num_heads))  # a head's readout costs: only the k asked for
         tokens, dists = [], []
         for row in logits:
             if params.greedy:
@@ -103,7 +103,7 @@ class MedusaDrafter(Drafter):
         combinations (greedy rounds; empty when there is nothing to draft from)."""
         if self._row is None or self._position != len(context) - 2:
             return [], []
-        probs, ids = self._logits().float().softmax(-1).topk(top_k, dim=-1)
+        probs, ids = self._logits(self.heads.num_heads).float().softmax(-1).topk(top_k, dim=-1)
         # A probability that underflows to 0 still ranks: keep scores inside (0, 1].
         return candidate_tree(ids.tolist(), probs.clamp_min(1e-30).tolist(), budget)
 
@@ -120,9 +120,10 @@ class MedusaDrafter(Drafter):
         self._position = -1
         self._tokens: list[int] = []
 
-    def _logits(self) -> torch.Tensor:
-        """[K, V] each head's logits for its token (head i: the (i + 1)-th after the context)."""
+    def _logits(self, count: int) -> torch.Tensor:
+        """[count, V] the first `count` heads' logits for their tokens (head i: the (i + 1)-th after
+        the context's last token)."""
         with torch.inference_mode():
             row = self._row.to(self.heads.device)
             final = self._norm(row[None])  # the hidden state the target's lm_head read
-            return self.heads.logits(final.to(self.heads.dtype), self._lm_head)[:, 0]
+            return self.heads.logits(final.to(self.heads.dtype), self._lm_head, count)[:, 0]

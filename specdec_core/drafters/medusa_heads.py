@@ -80,14 +80,15 @@ class MedusaHeads(nn.Module):
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def hidden(self, final: torch.Tensor) -> torch.Tensor:
-        """[n, H] final hidden states -> [K, n, H] each head's state before its output layer."""
-        return torch.stack([head[: self.num_layers](final) for head in self.heads])
+    def hidden(self, final: torch.Tensor, count: int | None = None) -> torch.Tensor:
+        """[n, H] final hidden states -> [K, n, H] each head's state before its output layer (the
+        first `count` heads' only, when given)."""
+        return torch.stack([head[: self.num_layers](final) for head in self.heads[:count]])
 
-    def logits(self, final: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
-        """[n, H] final hidden states -> [K, n, V] logits; `lm_head` (the target's) reads out
-        heads without an output layer of their own."""
-        states = self.hidden(final)
+    def logits(self, final: torch.Tensor, lm_head: nn.Module | None = None, count: int | None = None) -> torch.Tensor:
+        """[n, H] final hidden states -> [K, n, V] logits (the first `count` heads'); `lm_head`
+        (the target's) reads out heads without an output layer of their own."""
+        states = self.hidden(final, count)
         if self.own_output:
             return torch.stack([head[-1](state) for head, state in zip(self.heads, states)])
         if lm_head is None:
