@@ -104,8 +104,9 @@ def test_a_killed_run_resumes_where_it_stopped_and_ends_as_an_uninterrupted_one(
 
 def test_the_eagle_trainers_data_is_used_as_it_is(tmp_path, tiny_config, first_run):
     """A work folder holding the EAGLE trainer's shards (same data settings): nothing is written
-    again, and the checkpoint has a name of its own beside the EAGLE trainer's."""
-    settings = _settings(tiny_config, tmp_path / "heads", first_run)
+    again, and the checkpoint has a name of its own beside the EAGLE trainer's. (Its step runs
+    autocast to bf16, --train-dtype bfloat16.)"""
+    settings = _settings(tiny_config, tmp_path / "heads", first_run, train_dtype="bfloat16")
     written = shard_path(Path(settings.work) / "data", 0).stat().st_mtime_ns
     train_medusa(settings, stop_after=1)
     assert shard_path(Path(settings.work) / "data", 0).stat().st_mtime_ns == written

@@ -216,7 +216,7 @@ def head_targets(sequences: list[Sequence], head: int) -> tuple[torch.Tensor, to
 
 def heads_loss(heads: MedusaHeads, readout: torch.Tensor, to_readout: torch.Tensor, sequences: list[Sequence]):
     """(the heads' summed cross-entropy over the restricted readout, positions trained at head 0)."""
-    final = torch.cat([s.final for s in sequences]).float()
+    final = torch.cat([s.final.float() for s in sequences])  # fp16 rows: autocast's cat refuses to mix them
     states = heads.hidden(final)
     loss, positions = 0.0, 0
     for i in range(heads.num_heads):
