@@ -65,7 +65,7 @@ def test_engine_defaults_come_from_the_preset_and_overrides_win(tiny):
     assert engine.drafter.name == "prompt_lookup" and engine.draft_length == 2 and not engine.adaptive
     assert not tiny.make_engine(drafter="none").speculative
     with pytest.raises(ValueError, match="drafter must be one of"):
-        tiny.make_engine(drafter="medusa")
+        tiny.make_engine(drafter="no-such-drafter")
 
 
 def test_engines_are_kept_per_setting_so_their_policy_keeps_learning(tiny_presets):
