@@ -129,6 +129,10 @@ def test_the_feature_after_the_last_layer_is_what_the_final_norm_reads(target):
     torch.testing.assert_close(from_twin, captured)
     with pytest.raises(ValueError, match="outside the target's"):
         feature_tap(target, (layers + 1,))
+    # A model with no tap there: its twin shares the norm unless the twin's own steps read it.
+    fresh = tiny_llama(seed=1, vocab=300)
+    assert untapped(fresh).model.norm is fresh.model.norm
+    assert untapped(fresh, (layers,)).model.norm is not fresh.model.norm
 
 
 # ---------------------------------------------------------------- the drafter

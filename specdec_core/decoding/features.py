@@ -73,17 +73,21 @@ def feature_tap(model, layer_ids: tuple[int, ...]) -> FeatureTap:
     return taps[layer_ids]
 
 
-def untapped(model):
+def untapped(model, layer_ids: tuple[int, ...] = ()):
     """A twin of `model` that runs exactly as it does but never writes into its taps: it shares
     every module and weight except the path down to the decoder layers, which are shallow copies,
     the layers without the taps' hooks (and without any hook put on the model after this). For
-    steps compiled on another thread while engines read the model's taps (decoding/compiled.py)."""
+    steps compiled on another thread while engines read the model's taps (decoding/compiled.py).
+    The final norm is copied too where a tap hooks it or `layer_ids` (the twin's own features)
+    name the last layer's output; otherwise it stays shared: a copy of it made a background
+    compile of the 4-bit tiny Llama fail (a guard on the kernels package's global state, which
+    eager decoding on the main thread changes meanwhile), so only Medusa's steps pay that risk."""
     tap_hooks = {hook for tap in _TAPS.get(model, {}).values() for hook in tap.hook_ids}
     decoder = _decoder(model)
     layers = nn.ModuleList([_shallow_copy(layer, tap_hooks) for layer in decoder_layers(model)])
-    # The final norm too: a tap on the last layer's output hooks it (feature_modules).
-    norm = {"norm": _shallow_copy(decoder.norm, tap_hooks)} if isinstance(getattr(decoder, "norm", None), nn.Module) else {}
-    twin_decoder = _shallow_copy(decoder, layers=layers, **norm)
+    norm = getattr(decoder, "norm", None)
+    hooked = isinstance(norm, nn.Module) and (tap_hooks & set(norm._forward_pre_hooks) or len(layers) in layer_ids)
+    twin_decoder = _shallow_copy(decoder, layers=layers, **({"norm": _shallow_copy(norm, tap_hooks)} if hooked else {}))
     if decoder is model:
         return twin_decoder
     (name,) = [name for name, child in model.named_children() if child is decoder]
