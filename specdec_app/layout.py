@@ -97,6 +97,7 @@ def preset_controls(models: LoadedModels) -> tuple:
     """The models panel, and the controls reset to the loaded preset's defaults."""
     preset = models.preset
     drafter = menu_drafter(preset.drafter)
-    if (drafter == "model" and models.draft is None) or (drafter == "eagle" and models.eagle_head is None):
+    if ((drafter == "model" and models.draft is None) or (drafter == "eagle" and models.eagle_head is None)
+            or (drafter == "medusa" and models.medusa_heads is None)):
         drafter = "prompt_lookup"
     return (describe(models), preset.name, drafter, preset.draft_length, preset.adaptive)

@@ -62,6 +62,7 @@ presets:
     target: ./target
     draft: ./draft
     eagle: ./eagle
+    medusa: ./medusa
     drafter: prompt_lookup
     draft_length: 4
     memory_gb: 0.1
@@ -83,7 +84,7 @@ def tiny_app_config(tmp_path_factory, smol_tokenizer):
     """A models.yaml for the app tests, whose presets load tiny models saved with save_pretrained.
 
     They go through exactly the loading path of real local models. Presets: `tiny` (target and
-    draft and a random EAGLE-3 head), `tiny-nodraft` (no draft model, no head) and `broken` (a
+    draft, a random EAGLE-3 head and random Medusa heads), `tiny-nodraft` (no draft model, no head) and `broken` (a
     missing folder).
     """
     from tests.tiny_models import perturbed_copy, tiny_llama
@@ -99,6 +100,11 @@ def tiny_app_config(tmp_path_factory, smol_tokenizer):
     from specdec_core.drafters import Eagle3Head
 
     Eagle3Head.random(target.config, draft_vocab_size=2048, seed=1).save(folder / "eagle")  # a random EAGLE-3 head
+    from tests.tiny_models import random_medusa_heads
+
+    # Random Medusa heads near the identity: their guesses are the target's, one token late, so
+    # some are accepted (on this repetitive output) and some not.
+    random_medusa_heads(target, num_heads=3, own_output=False, seed=2, std=0.01).save(folder / "medusa")
     config = folder / "models.yaml"
     config.write_text(TINY_APP_PRESETS)
     return config

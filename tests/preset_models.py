@@ -96,6 +96,25 @@ presets:
     eagle: ./no-such-head
     drafter: prompt_lookup
     memory_gb: 0.1
+  tiny-medusa:
+    description: the tiny target with random Medusa heads read out through its lm_head
+    target: ./target
+    medusa: ./medusa
+    drafter: medusa
+    draft_length: 3
+    memory_gb: 0.1
+  tiny-medusa-published:
+    description: Medusa heads in the layout of Medusa's published checkpoints (medusa_lm_head.pt)
+    target: ./target
+    medusa: ./medusa-published
+    drafter: medusa
+    memory_gb: 0.1
+  tiny-medusa-misfit:
+    description: Medusa heads made for a wider target
+    target: ./target
+    medusa: ./medusa-wide
+    drafter: prompt_lookup
+    memory_gb: 0.1
   remote-code:
     description: opts in to code shipped with the model
     target: ./target
@@ -119,6 +138,7 @@ def write_tiny_presets(folder: Path, tokenizer) -> TinyPresets:
     other = other_tokenizer()
     _save(tiny_llama(seed=3, vocab=len(other)), other, folder / "other-tokenizer")
     _write_eagle_heads(target, folder)
+    _write_medusa_heads(target, folder)
     hub_cache = folder / "hub"
     _fake_hub_snapshot(folder / "target", hub_cache, HUB_REPO)
     config = folder / "models.yaml"
@@ -138,6 +158,17 @@ def _write_eagle_heads(target, folder: Path) -> None:
     Eagle3Head.random(wide, draft_vocab_size=512).save(folder / "eagle-wide")
     Eagle3Head.random(target.config, draft_vocab_size=512).save(folder / "eagle-broken")
     (folder / "eagle-broken" / "model.safetensors").write_bytes(b"not a safetensors file")
+
+
+def _write_medusa_heads(target, folder: Path) -> None:
+    """Random heads for the target in our layout and in the published one, and heads for a wider target."""
+    from tests.tiny_models import random_medusa_heads, write_published_medusa
+
+    random_medusa_heads(target, num_heads=3, own_output=False, seed=4, std=0.2).save(folder / "medusa")
+    write_published_medusa(folder / "medusa-published", random_medusa_heads(target, num_heads=5, seed=5))
+    from specdec_core.drafters import MedusaHeads
+
+    MedusaHeads.random(2, 1, 96, None).save(folder / "medusa-wide")
 
 
 def other_tokenizer():

@@ -307,6 +307,12 @@ def test_a_drafter_the_preset_cannot_run_is_a_400(client):
     assert caught.value.body["param"] == "speculative.drafter"
     eagle = ask(client, max_tokens=4, extra_body={"speculative": {"drafter": "eagle"}})  # tiny has a head
     assert eagle.model_extra["speculative"]["drafter"] == "eagle" and eagle.usage.completion_tokens == 4
+    with pytest.raises(openai.BadRequestError, match="has no medusa: heads source") as caught:
+        client.chat.completions.create(model="tiny-nodraft", messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"speculative": {"drafter": "medusa"}})
+    assert caught.value.body["param"] == "speculative.drafter"
+    medusa = ask(client, max_tokens=4, extra_body={"speculative": {"drafter": "medusa"}})  # and Medusa heads
+    assert medusa.model_extra["speculative"]["drafter"] == "medusa" and medusa.usage.completion_tokens == 4
 
 
 def test_beyond_16_waiting_is_a_429(server, client):
@@ -546,12 +552,13 @@ def _with_a_compiling_4bit_target(name: str, config_path) -> "LoadedModels":
     from specdec_core.presets.loading import load_preset
     from tests.test_compiled_runner import STEP_SIZES
 
-    models = load_preset(name, config_path, compile=False)  # the tokenizer, the draft, the EAGLE head
+    models = load_preset(name, config_path, compile=False)  # the tokenizer, the draft, the EAGLE and Medusa heads
     target = AutoModelForCausalLM.from_pretrained(Path(config_path).parent / "target").eval()
     assert quantise_linear_layers(target) and use_row_exact_attention(target) is None
     models.target = target
     models.target_runner = CompiledSteps(target, name="target", step_sizes=STEP_SIZES,
-                                         feature_layers=models.eagle_head.layer_ids, background=True)
+                                         feature_layers=(*models.eagle_head.layer_ids, target.config.num_hidden_layers),
+                                         background=True)
     return models
 
 
@@ -574,14 +581,14 @@ def compiled_server(tiny_app_config):
 
 def test_after_the_background_compile_every_drafter_replies_as_the_baseline(compiled_server):
     """Greedy replies through the API, in the running app after its compile: every drafter's
-    are the baseline's token for token, and every engine, eagle's and hybrid's too, decodes on
-    the compiled steps (they hand the EAGLE head its features), none on an eager fallback."""
+    are the baseline's token for token, and every engine, eagle's, hybrid's and medusa's too,
+    decodes on the compiled steps (they hand the heads their features), none on an eager fallback."""
     models, steps = compiled_server.models, compiled_server.models.target_runner
     client = openai.OpenAI(base_url=compiled_server.api, api_key="unused", max_retries=0, timeout=120)
     compiled_calls = []
     original_run = steps.run
     steps.run = lambda *args: compiled_calls.append(args) or original_run(*args)
-    drafters = ("none", "prompt_lookup", "eagle", "hybrid", "model")
+    drafters = ("none", "prompt_lookup", "eagle", "hybrid", "model", "medusa")
     drafted = dict.fromkeys(drafters, 0)
     for content in ("Tell me a story", "Repeat after me: one two three, one two three", "Say hi"):
         replies = {}
@@ -599,8 +606,9 @@ def test_after_the_background_compile_every_drafter_replies_as_the_baseline(comp
     for drafter in drafters:
         for adaptive in (False, None):
             assert models.engine(drafter, adaptive=adaptive).make_runner is steps, drafter
-    head_line = models.describe().splitlines()[-1]
-    assert head_line.startswith("eagle head: ") and head_line.endswith("decode: eager")  # not "the target decodes eagerly"
+    for head_line in models.describe().splitlines()[-2:]:
+        assert head_line.startswith(("eagle head: ", "medusa heads: ")), head_line
+        assert head_line.endswith("decode: eager")  # not "the target decodes eagerly"
 
 
 # ---------------------------------------------------------------- sharing the device

@@ -492,13 +492,14 @@ def test_out_of_range_setting_is_refused(client):
         send(client, "hi", top_p=0.0).result()
 
 
-@pytest.mark.parametrize("drafter", ["eagle", "hybrid"])
-def test_eagle_and_hybrid_drafters_give_the_engines_reply(client, app_server, drafter):
+@pytest.mark.parametrize("drafter", ["eagle", "hybrid", "medusa"])
+def test_eagle_hybrid_and_medusa_drafters_give_the_engines_reply(client, app_server, drafter):
     final = outputs(send(client, "Count with me: one two three", drafter=drafter, max_new_tokens=24))
     spans = token_spans(final["chat"][1])
     expected = reference_reply(app_server, [{"role": "user", "content": "Count with me: one two three"}])
     assert "".join(text for _, text in spans) == expected.text
     assert "eagle head: ./eagle" in final["models"] and "draft vocabulary 2,048" in final["models"]
+    assert "medusa heads: ./medusa" in final["models"] and "3 heads of 1 residual block(s)" in final["models"]
 
 
 def test_eagle_drafter_without_a_head_is_one_line(client):

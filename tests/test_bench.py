@@ -280,7 +280,7 @@ def test_llamacpp_is_a_method_only_where_llama_cpp_is_importable(tiny_app_config
 def test_small_run_greedy_outputs_equal_the_baseline(tiny_run):
     code, out = tiny_run
     report = json.loads((out / "results.json").read_text())
-    for method in ("ours-baseline", "ours-model", "ours-lookup", "ours-eagle", "ours-hybrid", "hf-generate"):
+    for method in ("ours-baseline", "ours-model", "ours-lookup", "ours-eagle", "ours-hybrid", "ours-medusa", "hf-generate"):
         assert report["identity"][method]["share"] == 1.0, method
     assert report["results"]["ours-baseline"]["overall"]["speedup_vs_ours_baseline"] == pytest.approx(1.0)
 
@@ -288,7 +288,7 @@ def test_small_run_greedy_outputs_equal_the_baseline(tiny_run):
 def test_small_run_has_a_theory_check_per_speculative_method(tiny_run):
     _, out = tiny_run
     report = json.loads((out / "results.json").read_text())
-    for method in ("ours-model", "ours-lookup", "ours-eagle", "ours-hybrid", "hf-assisted", "hf-lookup"):
+    for method in ("ours-model", "ours-lookup", "ours-eagle", "ours-hybrid", "ours-medusa", "hf-assisted", "hf-lookup"):
         for category in ("translation", "rag"):
             t = report["theory"][method][category]
             assert t["predicted_speedup"] > 0 and t["efficiency"] > 0

@@ -36,7 +36,8 @@ def config_error(tmp_path: Path, **kwargs) -> str:
 
 def test_shipped_presets_are_the_issue_list():
     presets = load_presets()
-    assert list(presets) == ["smollm2-135m-local", "qwen2.5-7b", "qwen2.5-1.5b", "llama-3.1-8b", "smollm2-1.7b"]
+    assert list(presets) == ["smollm2-135m-local", "qwen2.5-7b", "qwen2.5-1.5b", "llama-3.1-8b", "vicuna-7b-medusa",
+                             "smollm2-1.7b"]
     assert load_config().auto_fallback == "smollm2-135m-local"
 
 
@@ -186,6 +187,14 @@ def test_eagle_drafter_needs_an_eagle_source(tmp_path):
     assert "'drafter' is 'eagle' but the preset has no 'eagle' head source" in message
     message = config_error(tmp_path, preset_body=GOOD_PRESET.replace("drafter: prompt_lookup", "drafter: hybrid"))
     assert "neither an 'eagle' head nor a 'draft'" in message
+
+
+def test_medusa_drafter_needs_a_medusa_source_and_the_gpu_preset_names_medusas_heads(tmp_path):
+    message = config_error(tmp_path, preset_body=GOOD_PRESET.replace("drafter: prompt_lookup", "drafter: medusa"))
+    assert "'drafter' is 'medusa' but the preset has no 'medusa' heads source" in message
+    vicuna = load_presets()["vicuna-7b-medusa"]
+    assert vicuna.medusa == ModelSpec("hub", "FasterDecoding/medusa-vicuna-7b-v1.3", "FasterDecoding/medusa-vicuna-7b-v1.3")
+    assert vicuna.drafter == "medusa" and vicuna.requires_gpu and vicuna.target.location == "lmsys/vicuna-7b-v1.3"
 
 
 # ---------------------------------------------------------------- sampling defaults

@@ -8,12 +8,21 @@ import torch
 from specdec_core import (
     EagleDrafter,
     HybridDrafter,
+    MedusaDrafter,
     ModelDrafter,
     PromptLookupDrafter,
     SamplingParams,
     SpeculativeEngine,
 )
-from tests.tiny_models import fitted_eagle_head, perturbed_copy, random_eagle_head, tiny_llama, tiny_qwen2
+from tests.tiny_models import (
+    fitted_eagle_head,
+    fitted_medusa_heads,
+    perturbed_copy,
+    random_eagle_head,
+    random_medusa_heads,
+    tiny_llama,
+    tiny_qwen2,
+)
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown",
@@ -32,6 +41,7 @@ def family(request):
         "often": perturbed_copy(target, noise=0.05, seed=1),  # agrees most of the time
         "rarely": build(seed=2),  # an unrelated model: agrees by chance only
         "head": random_eagle_head(target, seed=3),  # a random EAGLE-3 head: agrees by chance only
+        "medusa": random_medusa_heads(target, num_heads=4, seed=4),  # random Medusa heads: likewise
     }
 
 
@@ -56,6 +66,8 @@ def make_drafter(kind, family):
         return EagleDrafter(family["head"])
     if kind == "hybrid":
         return HybridDrafter(EagleDrafter(family["head"]))
+    if kind == "medusa":
+        return MedusaDrafter(family["medusa"])
     return ModelDrafter(family[kind])
 
 
@@ -67,10 +79,10 @@ def test_baseline_equals_hf_generate(family, references, smol_tokenizer):
         assert set(result.sources) == {"target"}
 
 
-# 5 drafters x 4 draft lengths x adaptive on/off x 3 prompts x 2 families = 240 combinations.
+# 6 drafters x 4 draft lengths x adaptive on/off x 3 prompts x 2 families = 288 combinations.
 @pytest.mark.parametrize(
     "drafter_kind, k, adaptive",
-    list(itertools.product(["lookup", "often", "rarely", "eagle", "hybrid"], [1, 3, 5, 8], [True, False])),
+    list(itertools.product(["lookup", "often", "rarely", "eagle", "hybrid", "medusa"], [1, 3, 5, 8], [True, False])),
 )
 def test_speculative_equals_hf_generate(family, references, smol_tokenizer, drafter_kind, k, adaptive):
     engine = SpeculativeEngine(
@@ -134,3 +146,36 @@ def test_an_eagle_head_that_fits_the_target_is_accepted(family, references, smol
             assert "draft" in result.sources
         assert counted.proposals > 0 and counted.first_kept / counted.proposals > 0.6, (
             drafter.name, counted.first_kept, counted.proposals)
+
+
+def test_medusa_heads_that_fit_the_target_are_accepted(family, references, smol_tokenizer):
+    """Heads taught that head i at position t gives token t + 2 + i are accepted at every draft
+    position, across replies: the hidden state's position and the heads' offsets line up (an
+    off-by-one would leave them unaccepted). The output stays the target's."""
+    sequences = [ids + expected for ids, expected in references.values()]
+    drafter = MedusaDrafter(fitted_medusa_heads(family["target"], sequences, num_heads=2))
+    engine = SpeculativeEngine(family["target"], smol_tokenizer, drafter=drafter, draft_length=2, adaptive=False)
+    drafted = accepted = 0
+    for ids, expected in references.values():
+        result = engine.generate(ids, SamplingParams(max_new_tokens=NEW_TOKENS, seed=0), tree_nodes=0)  # chains
+        assert result.token_ids == expected
+        drafted, accepted = drafted + result.stats.drafted_tokens, accepted + result.stats.accepted_tokens
+    assert drafted > 0 and accepted / drafted > 0.8, (accepted, drafted)
+
+
+@pytest.mark.parametrize("fitted", [True, False], ids=["fitted-heads", "random-heads"])
+def test_medusa_trees_equal_the_baseline(family, references, smol_tokenizer, fitted):
+    """Greedy rounds verify the heads' candidate trees (top guesses of each head combined): the
+    output stays the target's, whether the heads fit it (the top path kept) or not (mostly
+    rejected, now and then a second guess kept)."""
+    sequences = [ids + expected for ids, expected in references.values()]
+    heads = (fitted_medusa_heads(family["target"], sequences, num_heads=3) if fitted
+             else random_medusa_heads(family["target"], num_heads=3, seed=5, std=0.3))
+    engine = SpeculativeEngine(family["target"], smol_tokenizer, drafter=MedusaDrafter(heads), draft_length=3,
+                               adaptive=False)
+    tree_rounds = 0
+    for ids, expected in references.values():
+        result = engine.generate(ids, SamplingParams(max_new_tokens=NEW_TOKENS), tree_nodes=9)
+        assert result.token_ids == expected
+        tree_rounds += result.stats.tree_rounds
+    assert tree_rounds > 0

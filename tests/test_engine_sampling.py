@@ -11,11 +11,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec_core import EagleDrafter, HybridDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core import EagleDrafter, HybridDrafter, MedusaDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
 from specdec_core.drafter import Draft, Drafter
 from specdec_core.drafters import Eagle3Head
 from specdec_core.sampling import probabilities
-from tests.tiny_models import tiny_llama
+from tests.tiny_models import random_medusa_heads, tiny_llama
 
 VOCAB = 8
 RUNS = 2000
@@ -212,3 +212,28 @@ def test_tree_drafts_sample_the_target_distribution(pair, smol_tokenizer, replac
     flat = SamplingParams(temperature=params.temperature * 6, top_k=params.top_k, top_p=params.top_p)
     assert chi_square_p_value(counts, exact_two_token_distribution(target, engine.eos_ids, flat)) < 1e-6
     assert {0, 1, 2} <= set(drafter.depths_kept)  # rejected, one level kept, two kept: all happen
+
+
+@pytest.mark.parametrize(
+    "own_output, params",
+    [(True, SamplingParams(temperature=1.0)), (False, SamplingParams(temperature=0.7, top_k=5, top_p=0.9))],
+    ids=["own-output-t1", "target-lm-head-t0.7-topk5-topp0.9"],
+)
+def test_medusa_heads_sample_the_target_distribution(pair, smol_tokenizer, own_output, params):
+    """Each draft token drawn from its head's distribution (which doesn't see the tokens drafted
+    before it), warped as the target's: q is what the token was drawn from, so the output keeps
+    the target's distribution. Three tokens so the second head's drafts are verified too."""
+    target, _ = pair
+    # Peaked random heads; seeds whose drafts the target sometimes keeps (many random heads over
+    # the target's lm_head put q on tokens it never picks: the test would see no acceptance).
+    seed, std = (7, 0.6) if own_output else (2, 1.0)
+    heads = random_medusa_heads(target, num_heads=2, own_output=own_output, seed=seed, std=std)
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=MedusaDrafter(heads), draft_length=2, adaptive=False)
+    exact = exact_two_token_distribution(target, engine.eos_ids, params)
+    counts = empirical(engine, params)
+    assert chi_square_p_value(counts, exact) > 1e-3
+    drafted = accepted = 0
+    for seed in range(100):
+        stats = engine.generate(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=3, seed=seed)).stats
+        drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
+    assert 0 < accepted < drafted  # the heads draft, and they are not the target

@@ -52,3 +52,26 @@ def test_eagle_and_hybrid_on_the_real_model_equal_the_baseline(smollm2):
             prompt, params)
         assert result.token_ids == baseline, drafter.name
         assert result.stats.drafted_tokens > 0
+
+
+def test_medusa_heads_on_the_real_model_and_the_4bit_target_equal_the_baseline(smollm2, smollm2_local):
+    """Random Medusa heads of SmolLM2-135M's width, read out through its lm_head (the int4 one on
+    the 4-bit target the offline preset runs): the last layer's output flows, they draft, and
+    greedy output is unchanged on both targets."""
+    from specdec_core import MedusaDrafter
+    from specdec_core.drafters import MedusaHeads
+
+    heads = MedusaHeads.random(3, 1, 576, None, seed=0, std=0.01)
+    for model, tokenizer, make_runner in ((*smollm2, None), (smollm2_local.target, smollm2_local.tokenizer,
+                                                              smollm2_local.path("target"))):
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": CHATS[1]}], add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+        params = SamplingParams(max_new_tokens=32)
+        runner = {"make_runner": make_runner} if make_runner is not None else {}
+        baseline = SpeculativeEngine(model, tokenizer, **runner).generate(prompt, params).token_ids
+        drafter = MedusaDrafter(heads, num_target_layers=model.config.num_hidden_layers)
+        result = SpeculativeEngine(model, tokenizer, drafter=drafter, draft_length=3, adaptive=False, **runner).generate(
+            prompt, params)
+        assert result.token_ids == baseline
+        assert result.stats.drafted_tokens > 0

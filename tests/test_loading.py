@@ -65,7 +65,7 @@ def test_engine_defaults_come_from_the_preset_and_overrides_win(tiny):
     assert engine.drafter.name == "prompt_lookup" and engine.draft_length == 2 and not engine.adaptive
     assert not tiny.make_engine(drafter="none").speculative
     with pytest.raises(ValueError, match="drafter must be one of"):
-        tiny.make_engine(drafter="medusa")
+        tiny.make_engine(drafter="no-such-drafter")
 
 
 def test_engines_are_kept_per_setting_so_their_policy_keeps_learning(tiny_presets):
@@ -298,7 +298,7 @@ def test_auto_passes_over_presets_it_cannot_load_one_line_each():
     offline = lambda spec: None if spec.offline else "not in the local cache, and the hub can't be reached"
     name, notes = choose_auto_preset(load_config(), 24 * GB, offline)
     assert name == "smollm2-135m-local"
-    assert len([n for n in notes if "passed over" in n]) == 4  # every GPU preset, one line each
+    assert len([n for n in notes if "passed over" in n]) == 5  # every GPU preset, one line each
 
 
 # ---------------------------------------------------------------- the real offline preset
@@ -438,6 +438,59 @@ def test_an_eagle_head_that_cant_serve_leaves_the_preset_loadable_and_says_why_i
         with pytest.raises(LoadError) as raised:
             models.make_engine(drafter=drafter)
         assert says in str(raised.value) and "\n" not in str(raised.value)
+
+
+# ---------------------------------------------------------------- Medusa heads
+
+
+def test_a_preset_with_medusa_heads_loads_them_and_drafting_gives_the_baseline_reply(tiny_presets):
+    models = load_preset("tiny-medusa", tiny_presets.config, load_draft=False)
+    heads = next(info for info in models.info if info.role == "medusa heads")
+    assert heads.name == "./medusa" and heads.parameters == models.medusa_heads.parameter_count
+    assert "3 heads of 1 residual block(s), read out through the target's lm_head" in heads.line()
+    assert "medusa heads: ./medusa" in models.describe()
+    engine = models.make_engine()
+    assert engine.drafter.name == "medusa" and engine.drafter.heads is models.medusa_heads  # the preset's default
+    for prompt in PROMPTS[:2]:
+        assert greedy_ids(models, "medusa", prompt) == greedy_ids(models, "none", prompt)
+
+
+def test_compiled_cpu_steps_return_the_last_layers_output_for_medusa_heads(monkeypatch, tiny_presets):
+    """compile: true with Medusa heads: the target's steps return the feature after its last
+    layer, so the medusa engine decodes on them (torch.compile is the identity here)."""
+    from specdec_core.decoding.compiled import CompiledSteps
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    models = load_preset("tiny-medusa", tiny_presets.config, load_draft=False, compile=True)
+    steps = models.target_runner
+    assert isinstance(steps, CompiledSteps) and steps.compiled
+    assert set(steps.feature_layers) == {models.target.config.num_hidden_layers}
+    engine = models.make_engine(drafter="medusa", adaptive=False)
+    assert engine.make_runner is steps
+    prompt_ids = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": PROMPTS[1]}])
+    result = engine.generate(prompt_ids, GREEDY)
+    assert result.token_ids == greedy_ids(models, "none", PROMPTS[1]) and result.stats.drafted_tokens > 0
+    assert not models.describe().splitlines()[-1].endswith("the target decodes eagerly")
+
+
+def test_medusas_published_layout_loads_as_a_preset(tiny_presets):
+    """The layout of FasterDecoding/medusa-vicuna-7b-v1.3 (config with medusa_num_heads and
+    medusa_num_layers, medusa_lm_head.pt with output layers), at a tiny target's size."""
+    models = load_preset("tiny-medusa-published", tiny_presets.config, load_draft=False)
+    assert models.medusa_heads.num_heads == 5 and models.medusa_heads.own_output
+    assert greedy_ids(models, "medusa", PROMPTS[0]) == greedy_ids(models, "none", PROMPTS[0])
+
+
+@pytest.mark.parametrize("preset, says", [("tiny-medusa-misfit", "96 wide but the target's are 64"),
+                                          ("tiny", "has no medusa: heads source")])
+def test_medusa_heads_that_cant_serve_leave_the_preset_loadable_and_say_why_in_one_line(tiny_presets, preset, says):
+    models = load_preset(preset, tiny_presets.config, load_draft=False)
+    assert models.make_engine(drafter="prompt_lookup").generate([5, 6, 7], SamplingParams(max_new_tokens=3)).token_ids
+    if preset != "tiny":
+        assert any(note.startswith("Medusa heads unavailable:") and says in note for note in models.notes)
+    with pytest.raises(LoadError) as raised:
+        models.make_engine(drafter="medusa")
+    assert says in str(raised.value) and "\n" not in str(raised.value)
 
 
 def test_hybrid_without_a_head_drafts_with_the_draft_model(tiny):

@@ -1,4 +1,4 @@
-"""A model of one's own, no models.yaml: --target, --draft and --eagle on the CLI's generate and on
+"""A model of one's own, no models.yaml: --target, --draft, --eagle and --medusa on the CLI's generate and on
 app.py (each a hub id, a local model folder or a .gguf file), and a quiet launch (one line per model,
 none of the libraries' bars and warnings). Run as a user runs them: subprocesses, offline, no GPU."""
 
@@ -81,6 +81,25 @@ def test_target_and_draft_folders_made_here_reply_as_their_preset(tiny_presets, 
     assert "preset: custom (target, draft draft-padded)" in run.stderr
     reply = json.loads(run.stdout)
     assert reply["token_ids"] == reference["token_ids"] and reply["stats"]["drafted_tokens"] > 0  # drafter: model
+
+
+def test_medusa_heads_of_ones_own_draft_for_a_target_folder(tiny_presets, empty_hub_cache, tmp_path):
+    """--medusa makes the custom preset draft with the heads: the tokens stay the preset's greedy ones."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.tiny_models import random_medusa_heads
+
+    folder = tiny_presets.config.parent
+    random_medusa_heads(AutoModelForCausalLM.from_pretrained(folder / "target"), num_heads=3).save(tmp_path / "heads")
+    args = ["--prompt", "Count: 1 2 3 1 2 3", "--max-new-tokens", "12"]
+    reference = generate_json(*args, "--config", str(tiny_presets.config), "--preset", "tiny", "--drafter", "none",
+                              hub_cache=empty_hub_cache)
+    run = specdec("generate", *args, "--target", str(folder / "target"), "--medusa", str(tmp_path / "heads"),
+                  "--json", hub_cache=empty_hub_cache)
+    assert run.returncode == 0, run.stderr
+    assert "preset: custom (target, medusa heads)" in run.stderr
+    reply = json.loads(run.stdout)
+    assert reply["token_ids"] == reference["token_ids"] and reply["stats"]["drafted_tokens"] > 0  # drafter: medusa
 
 
 @pytest.mark.parametrize("flags, says", [

@@ -107,3 +107,50 @@ def fitted_eagle_head(target, sequences: list[list[int]], steps: int = 30, seed:
             loss.backward()
             optimizer.step()
     return head.eval()
+
+
+def random_medusa_heads(target, num_heads: int = 4, own_output: bool = True, seed: int = 0, std: float = 0.05):
+    """Randomly initialised Medusa heads for `target` (with output layers of their own, or
+    reading out through the target's lm_head)."""
+    from specdec_core.drafters import MedusaHeads
+
+    text = target.config.get_text_config()
+    return MedusaHeads.random(num_heads, 1, text.hidden_size, text.vocab_size if own_output else None, seed=seed, std=std)
+
+
+def final_hidden_states(target, ids: list[int]) -> torch.Tensor:
+    """[n, H] the target's last hidden states (after its final norm) over `ids`."""
+    with torch.no_grad():
+        return target(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+
+
+def fitted_medusa_heads(target, sequences: list[list[int]], num_heads: int = 2, steps: int = 30, seed: int = 0):
+    """Medusa heads (own output layers) taught that head i at position t gives token t + 2 + i of
+    `sequences` (the target's greedy continuations). Tests use them to see acceptance, which
+    proves the hidden state's position and the heads' offsets line up end to end."""
+    heads = random_medusa_heads(target, num_heads=num_heads, seed=seed, std=0.02).train()
+    examples = [(final_hidden_states(target, seq), torch.tensor(seq)) for seq in sequences]
+    optimizer = torch.optim.Adam(heads.parameters(), lr=1e-2)
+    for _ in range(steps):
+        for final, ids in examples:
+            logits = heads.logits(final)
+            loss = sum(torch.nn.functional.cross_entropy(logits[i, : len(ids) - 2 - i], ids[2 + i :])
+                       for i in range(num_heads))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return heads.eval()
+
+
+def write_published_medusa(folder: Path, heads) -> Path:
+    """`heads` saved as Medusa's published checkpoints are (FasterDecoding/medusa-vicuna-7b-v1.3):
+    config.json with medusa_num_heads, medusa_num_layers and base_model_name_or_path, and the
+    heads' ModuleList state dict pickled by torch.save as medusa_lm_head.pt."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
+              "base_model_name_or_path": "lmsys/vicuna-7b-v1.3", "transformers_version": "4.31.0"}
+    (folder / "config.json").write_text(json.dumps(config))
+    torch.save({k: v.half() for k, v in heads.heads.state_dict().items()}, folder / "medusa_lm_head.pt")
+    return folder

@@ -127,7 +127,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per question and method (median kept)")
     p.add_argument("--methods", help=f"comma-separated, from {','.join(METHODS)} (default: all of them; "
                    f"{LLAMACPP} only where llama-cpp-python is installed, ours-eagle and ours-hybrid only "
-                   "when the preset's EAGLE head loads)")
+                   "when the preset's EAGLE head loads, ours-medusa when its Medusa heads do)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--seed", type=int, default=0, help="base seed of Hugging Face's sampling runs (temperature > 0); ours sample unseeded, as a chat does (a seed turns the cost gate off)")
     p.add_argument("--warmup-tokens", type=int, default=16,

@@ -36,19 +36,22 @@ from ..sampling import SamplingParams
 
 OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lookup"
 OURS_EAGLE, OURS_HYBRID = "ours-eagle", "ours-hybrid"
+OURS_MEDUSA = "ours-medusa"
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "hf-generate", "hf-assisted", "hf-lookup"
 LLAMACPP = "llamacpp"
-METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, OURS_EAGLE, OURS_HYBRID, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP)
+METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, OURS_EAGLE, OURS_HYBRID, OURS_MEDUSA, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP)
 NEEDS_EAGLE_HEAD = (OURS_EAGLE, OURS_HYBRID)  # left out of the default methods when the preset has none
+NEEDS_MEDUSA_HEADS = (OURS_MEDUSA,)  # likewise for Medusa heads
 LLAMACPP_INSTALL = "pip install llama-cpp-python (it compiles llama.cpp: a C++ compiler and cmake, a few minutes)"
 BASELINE_OF = {  # each speculative method's own plain decoding
     OURS_MODEL: OURS_BASELINE, OURS_LOOKUP: OURS_BASELINE, OURS_EAGLE: OURS_BASELINE, OURS_HYBRID: OURS_BASELINE,
-    HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
+    OURS_MEDUSA: OURS_BASELINE, HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
 }
 NEEDS_DRAFT_MODEL = (OURS_MODEL, HF_ASSISTED)
 HF_LOOKUP_TOKENS = 10  # what HF's docs suggest and users copy
 _OURS_DRAFTER = {
     OURS_BASELINE: "none", OURS_MODEL: "model", OURS_LOOKUP: "prompt_lookup", OURS_EAGLE: "eagle", OURS_HYBRID: "hybrid",
+    OURS_MEDUSA: "medusa",
 }
 
 

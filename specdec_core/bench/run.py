@@ -2,7 +2,7 @@
 
     python -m specdec_core.bench [run] --preset NAME [--config PATH] [--questions PATH]
         [--categories a,b] [--limit N] [--max-new-tokens N] [--repeats N]
-        [--methods ours-baseline,ours-model,ours-lookup,ours-eagle,ours-hybrid,hf-generate,hf-assisted,hf-lookup]
+        [--methods ours-baseline,ours-model,ours-lookup,ours-eagle,ours-hybrid,ours-medusa,hf-generate,hf-assisted,hf-lookup]
         [--temperature T] [--out DIR]
 
 Flags and outputs are a contract (issue 5). Every method gets the same chat-template prompt and
@@ -30,6 +30,7 @@ from .methods import (
     METHODS,
     NEEDS_DRAFT_MODEL,
     NEEDS_EAGLE_HEAD,
+    NEEDS_MEDUSA_HEADS,
     Run,
     available_methods,
     llamacpp_problem,
@@ -85,6 +86,9 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     if args.methods is None and models.eagle_head is None:
         methods = [m for m in methods if m not in NEEDS_EAGLE_HEAD]
         inform(f"no EAGLE head loaded: leaving out {', '.join(NEEDS_EAGLE_HEAD)}")
+    if args.methods is None and models.medusa_heads is None:
+        methods = [m for m in methods if m not in NEEDS_MEDUSA_HEADS]
+        inform(f"no Medusa heads loaded: leaving out {', '.join(NEEDS_MEDUSA_HEADS)}")
     if args.methods is None and LLAMACPP in methods and models.preset.target.kind not in GGUF_KINDS:
         methods = [m for m in methods if m != LLAMACPP]
         inform(f"llamacpp: the target {models.preset.target.label} is not a GGUF file: not compared")

@@ -97,7 +97,7 @@ class CompiledSteps(DecodePath):
         self.name = name or model_name(model)
         # What the compiled steps run: the model's untapped twin, so no compile (on whatever thread)
         # writes into the taps engines read; its own hooks hand the step the features it returns.
-        self.stepped = untapped(self.model)
+        self.stepped = untapped(self.model, feature_layers)
         self._features = StepFeatures(self.stepped, feature_layers)
         self.feature_layers = self._features.layer_ids
         self.step_sizes = tuple(sorted(set(int(s) for s in step_sizes)))

@@ -5,7 +5,8 @@ through the model's FeatureTap on exactly those layers (`feature_tap`), and ever
 forward it runs anyway (the prompt prefill, each round's verify) leaves their inputs there: the
 residual stream entering each layer, which is what EAGLE-3 calls the hidden state "of" that
 layer (vLLM's aux hidden state ids). No extra target forward, and no output_hidden_states for
-all layers.
+all layers. Layer id num_hidden_layers names the stream leaving the last layer: the input of
+the final norm (what Medusa heads read, after that norm).
 
 Two ways fill a tap:
 - Eager forwards of the model run its hooks: each overwrites the latest input its layer saw.
@@ -44,6 +45,22 @@ def decoder_layers(model) -> nn.ModuleList:
     return layers
 
 
+def feature_modules(model, layer_ids) -> list[nn.Module]:
+    """The modules whose inputs are the features of `layer_ids`: decoder layer i, and for
+    i == the number of layers the decoder's final norm (the last layer's output goes there).
+    ValueError for ids outside."""
+    layers = decoder_layers(model)
+    bad = [i for i in layer_ids if not 0 <= i <= len(layers)]
+    if bad:
+        raise ValueError(f"feature layers {bad} are outside the target's {len(layers)} layers "
+                         f"(and {len(layers)}, the last layer's output)")
+    return [layers[i] if i < len(layers) else _decoder(model).norm for i in layer_ids]
+
+
+def _decoder(model):
+    return model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+
+
 def feature_tap(model, layer_ids: tuple[int, ...]) -> FeatureTap:
     """The model's tap on `layer_ids`, made (and its hooks put on the layers) the first time it
     is asked for; an empty tap, with no hooks, for no layers."""
@@ -56,15 +73,21 @@ def feature_tap(model, layer_ids: tuple[int, ...]) -> FeatureTap:
     return taps[layer_ids]
 
 
-def untapped(model):
+def untapped(model, layer_ids: tuple[int, ...] = ()):
     """A twin of `model` that runs exactly as it does but never writes into its taps: it shares
     every module and weight except the path down to the decoder layers, which are shallow copies,
     the layers without the taps' hooks (and without any hook put on the model after this). For
-    steps compiled on another thread while engines read the model's taps (decoding/compiled.py)."""
+    steps compiled on another thread while engines read the model's taps (decoding/compiled.py).
+    The final norm is copied too where a tap hooks it or `layer_ids` (the twin's own features)
+    name the last layer's output; otherwise it stays shared: a copy of it made a background
+    compile of the 4-bit tiny Llama fail (a guard on the kernels package's global state, which
+    eager decoding on the main thread changes meanwhile), so only Medusa's steps pay that risk."""
     tap_hooks = {hook for tap in _TAPS.get(model, {}).values() for hook in tap.hook_ids}
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    decoder = _decoder(model)
     layers = nn.ModuleList([_shallow_copy(layer, tap_hooks) for layer in decoder_layers(model)])
-    twin_decoder = _shallow_copy(decoder, layers=layers)
+    norm = getattr(decoder, "norm", None)
+    hooked = isinstance(norm, nn.Module) and (tap_hooks & set(norm._forward_pre_hooks) or len(layers) in layer_ids)
+    twin_decoder = _shallow_copy(decoder, layers=layers, **({"norm": _shallow_copy(norm, tap_hooks)} if hooked else {}))
     if decoder is model:
         return twin_decoder
     (name,) = [name for name, child in model.named_children() if child is decoder]
@@ -130,12 +153,9 @@ class FeatureTap:
         self.hook_ids: set[int] = set()  # its hooks' handles, for untapped()
         if not self.layer_ids:
             return
-        layers = decoder_layers(model)
-        bad = [i for i in self.layer_ids if not 0 <= i < len(layers)]
-        if bad:
-            raise ValueError(f"feature layers {bad} are outside the target's {len(layers)} layers")
-        for i in sorted(set(self.layer_ids)):  # a shallow target may feed one layer twice
-            self.hook_ids.add(layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True).id)
+        ids = sorted(set(self.layer_ids))  # a shallow target may feed one layer twice
+        for i, module in zip(ids, feature_modules(model, ids)):
+            self.hook_ids.add(module.register_forward_pre_hook(self._hook(i), with_kwargs=True).id)
 
     def _hook(self, index: int):
         def capture(module, args, kwargs):
@@ -180,14 +200,11 @@ class StepFeatures:
 
     def __init__(self, twin, layer_ids: tuple[int, ...]) -> None:
         self.layer_ids = tuple(sorted(set(layer_ids)))  # each layer once, in order
-        layers = decoder_layers(twin) if self.layer_ids else ()
-        bad = [i for i in self.layer_ids if not 0 <= i < len(layers)]
-        if bad:
-            raise ValueError(f"feature layers {bad} are outside the target's {len(layers)} layers")
+        modules = feature_modules(twin, self.layer_ids) if self.layer_ids else []
         # Fixed keys, values only assigned: dynamo guards on neither (see FeatureTap._latest).
         self._latest: dict[int, torch.Tensor | None] = dict.fromkeys(self.layer_ids)
-        for i in self.layer_ids:
-            layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True)
+        for i, module in zip(self.layer_ids, modules):
+            module.register_forward_pre_hook(self._hook(i), with_kwargs=True)
 
     def _hook(self, index: int):
         def capture(module, args, kwargs):

@@ -94,7 +94,7 @@ class StaticSteps(DecodePath):
         self.model = model.eval()
         # What the fixed-shape steps run: the model's untapped twin, whose own hooks hand the step
         # function the features it returns (engines' taps are filled from those, see _fixed_step).
-        self.stepped = untapped(self.model)
+        self.stepped = untapped(self.model, feature_layers)
         self._features = StepFeatures(self.stepped, feature_layers)
         self.feature_layers = self._features.layer_ids
         self.device = model.device

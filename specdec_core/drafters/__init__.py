@@ -5,6 +5,8 @@ from .eagle import EagleDrafter
 from .eagle_head import Eagle3Head
 from .hybrid import HybridDrafter
 from .lookup import PromptLookupDrafter, find_continuation
+from .medusa import MedusaDrafter
+from .medusa_heads import MedusaHeads
 from .model import ModelDrafter
 
-__all__ = ["Draft", "Drafter", "Eagle3Head", "EagleDrafter", "HybridDrafter", "ModelDrafter", "NO_DRAFT", "PromptLookupDrafter", "find_continuation"]
+__all__ = ["Draft", "Drafter", "Eagle3Head", "EagleDrafter", "HybridDrafter", "MedusaDrafter", "MedusaHeads", "ModelDrafter", "NO_DRAFT", "PromptLookupDrafter", "find_continuation"]

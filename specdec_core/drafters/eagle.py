@@ -232,8 +232,10 @@ class _Rows:
         return self._chunks[0]
 
 
-def head_folder(path_or_hub_id: str | Path, local_files_only: bool = False) -> Path:
-    """A local folder holding the head: the path itself, or the hub repo's files in the hub cache."""
+def head_folder(path_or_hub_id: str | Path, local_files_only: bool = False, what: str = "EAGLE head",
+                patterns: list[str] = _HEAD_FILES) -> Path:
+    """A local folder holding the head: the path itself, or the hub repo's files (`patterns`) in
+    the hub cache. `what` names the head in messages (Medusa heads use this too)."""
     path = Path(path_or_hub_id).expanduser()
     text = str(path_or_hub_id)
     if path.exists() or text.startswith(("/", ".", "~")) or text.count("/") != 1:
@@ -241,14 +243,14 @@ def head_folder(path_or_hub_id: str | Path, local_files_only: bool = False) -> P
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(text, allow_patterns=_HEAD_FILES, local_files_only=True))
+        return Path(snapshot_download(text, allow_patterns=patterns, local_files_only=True))
     except Exception:
         if local_files_only:
-            raise LoadError(f"EAGLE head {text} is not in the local hub cache: download it first (`hf download {text}`)") from None
+            raise LoadError(f"{what} {text} is not in the local hub cache: download it first (`hf download {text}`)") from None
     try:
-        return Path(snapshot_download(text, allow_patterns=_HEAD_FILES))
+        return Path(snapshot_download(text, allow_patterns=patterns))
     except Exception as error:
         raise LoadError(
-            f"EAGLE head {text} could not be downloaded ({type(error).__name__}): check the name and the "
+            f"{what} {text} could not be downloaded ({type(error).__name__}): check the name and the "
             f"network, or download it first (`hf download {text}`)"
         ) from None

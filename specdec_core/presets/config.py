@@ -34,7 +34,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("4bit", "8bit", "none")
 # Every drafter: its name (models.yaml, the API, the CLI: a contract) and its label (the app's menu).
 DRAFTER_LABELS = {"model": "draft model", "prompt_lookup": "prompt lookup", "eagle": "EAGLE head", "hybrid": "hybrid",
-                  "none": "none"}
+                  "medusa": "Medusa heads", "none": "none"}
 DRAFTERS = tuple(DRAFTER_LABELS)
 CPU_WEIGHTS = ("fp32", "gguf")  # on CPU: dequantised fp32 (prepacked) | the GGUF's own 4-bit blocks
 GGUF_KINDS = ("gguf", "bundled")  # sources that are a GGUF file
@@ -79,6 +79,7 @@ class Preset:
     trust_remote_code: bool
     compile: bool | str  # true | false | "auto" (compiled static cache on CUDA, eager on CPU)
     cpu_weights: str = "fp32"  # "fp32" | "gguf" (the target's GGUF blocks on int4 kernels, CPU only)
+    medusa: ModelSpec | None = None  # Medusa heads for the target (drafter medusa)
     # The target's own sampling defaults (temperature / top_p / top_k), for a model whose files
     # carry none: they go into its generation_config, which the API reads for fields a request omits.
     sampling: tuple[tuple[str, float], ...] = ()
@@ -86,7 +87,7 @@ class Preset:
     @property
     def offline(self) -> bool:
         """True when no model of this preset comes from the hub."""
-        return all(spec is None or spec.offline for spec in (self.target, self.draft, self.eagle))
+        return all(spec is None or spec.offline for spec in (self.target, self.draft, self.eagle, self.medusa))
 
     def needs(self) -> str:
         """What running it takes, in a few words (for `presets` listings and the UI)."""
@@ -120,6 +121,7 @@ _PRESET_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "target": ((str,), _REQUIRED),
     "draft": ((str, type(None)), None),
     "eagle": ((str, type(None)), None),
+    "medusa": ((str, type(None)), None),
     "dtype": ((str,), "auto"),
     "draft_quantization": ((str,), "none"),
     "drafter": ((str,), _REQUIRED),
@@ -191,11 +193,12 @@ def parse_model_source(text: str, base_dir: Path) -> ModelSpec:
 
 
 # The model flags of the CLI's generate and the app (--target ...) and their help: a model of one's own,
-# no models.yaml needed. A new drafter's model source (--medusa) goes here too.
+# no models.yaml needed. A new drafter's model source goes here too.
 MODEL_FLAGS = {
     "target": "the model to run: a hub id (owner/name), a local model folder or a .gguf file; replaces --preset",
     "draft": "a draft model for --target (the same forms); it must use the target's tokenizer",
     "eagle": "an EAGLE-3 head for --target: a hub id or a local folder",
+    "medusa": "Medusa heads for --target (Medusa's format): a hub id or a local folder",
 }
 
 
@@ -211,19 +214,19 @@ def config_with_models(config_path, preset: str, models: dict[str, str | None]) 
         raise ConfigError(f"--{next(iter(given))} needs --target (the model it helps), or use a --preset")
     if preset != AUTO:
         raise ConfigError(f"--preset {preset} and --target both name the models: give only one of them")
-    return with_custom_preset(config, given["target"], given.get("draft"), given.get("eagle")), CUSTOM
+    return with_custom_preset(config, **given), CUSTOM
 
 
 def with_custom_preset(config: PresetFile, target: str, draft: str | None = None,
-                       eagle: str | None = None) -> PresetFile:
-    """`config` plus the preset CUSTOM built from --target/--draft/--eagle (each a hub id, a local
-    model folder or a .gguf file), validated as a models.yaml preset is. Its default drafter is the
-    head if given, else the draft model, else prompt lookup; a GGUF target runs on its own 4-bit
+                       eagle: str | None = None, medusa: str | None = None) -> PresetFile:
+    """`config` plus the preset CUSTOM built from --target/--draft/--eagle/--medusa (each a hub id, a
+    local model folder or a .gguf file), validated as a models.yaml preset is. Its default drafter is
+    the EAGLE head if given, else the Medusa heads, else the draft model, else prompt lookup; a GGUF target runs on its own 4-bit
     blocks on CPU, as the offline preset does. ConfigError (one line naming the flag) for a source
     that is not there."""
-    given = {"target": target, "draft": draft, "eagle": eagle}
+    given = {"target": target, "draft": draft, "eagle": eagle, "medusa": medusa}
     sources = {key: _flag_source(key, text) for key, text in given.items() if text}
-    drafter = "eagle" if eagle else "model" if draft else "prompt_lookup"
+    drafter = "eagle" if eagle else "medusa" if medusa else "model" if draft else "prompt_lookup"
     body = {
         "description": ", ".join(_short_name(key, text) for key, text in sources.items()),
         **sources,
@@ -298,7 +301,7 @@ def _parse_preset(name: str, body: Any, base_dir: Path, where: str) -> Preset:
     _check_keys(body, _PRESET_KEYS, required, where)
     values = {key: _typed_value(body, key, where) for key in _PRESET_KEYS}
     values["target"] = _model_source(values["target"], base_dir, where, "target")
-    for key in ("draft", "eagle"):
+    for key in ("draft", "eagle", "medusa"):
         if values[key] is not None:
             values[key] = _model_source(values[key], base_dir, where, key)
     _check_consistency(values, where)
@@ -335,6 +338,8 @@ def _check_consistency(values: dict, where: str) -> None:
         raise ConfigError(f"{where}: key 'drafter' is 'model' but the preset has no 'draft'")
     if values["drafter"] == "eagle" and values["eagle"] is None:
         raise ConfigError(f"{where}: key 'drafter' is 'eagle' but the preset has no 'eagle' head source")
+    if values["drafter"] == "medusa" and values["medusa"] is None:
+        raise ConfigError(f"{where}: key 'drafter' is 'medusa' but the preset has no 'medusa' heads source")
     if values["drafter"] == "hybrid" and values["eagle"] is None and values["draft"] is None:
         raise ConfigError(f"{where}: key 'drafter' is 'hybrid' but the preset has neither an 'eagle' head nor a 'draft'")
     lowest, highest = DRAFT_LENGTH_BOUNDS

@@ -62,6 +62,9 @@ class LoadedModels:
     # The preset's EAGLE-3 head (shared by every engine that drafts with it), or why there is none.
     eagle_head: torch.nn.Module | None = None
     eagle_problem: str | None = None
+    # The preset's Medusa heads (shared by every engine that drafts with them), or why there are none.
+    medusa_heads: torch.nn.Module | None = None
+    medusa_problem: str | None = None
     _engines: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see engine()
     # One kept conversation per model, shared by every engine made here (see make_engine):
     # KeptRunners by (role, make_runner), and "eagle": the one EagleDrafter of the head.
@@ -182,8 +185,9 @@ class LoadedModels:
         for info in self.info:
             if info.role in ("target", "draft"):
                 lines.append(f"{info.line()}  decode: {_decode_path(self.path(info.role), detailed=True)}")
-            else:  # the EAGLE head runs eagerly; the target under it as its steps allow
-                eager_target = not self.path("target").reads_features(self.eagle_head.layer_ids)
+            else:  # a head runs eagerly; the target under it as its steps allow
+                layers = self.eagle_head.layer_ids if info.role == "eagle head" else (self.target.config.get_text_config().num_hidden_layers,)
+                eager_target = not self.path("target").reads_features(layers)
                 target_path = "; the target decodes eagerly with it" if eager_target else ""
                 lines.append(f"{info.line()}  decode: eager{target_path}")
         return "\n".join(lines)
@@ -193,7 +197,7 @@ class LoadedModels:
         from ..drafters import PromptLookupDrafter
 
         builders = {"model": self._model_drafter, "prompt_lookup": PromptLookupDrafter,
-                    "eagle": self._eagle_drafter, "hybrid": self._hybrid_drafter, "none": lambda: None}
+                    "eagle": self._eagle_drafter, "hybrid": self._hybrid_drafter, "medusa": self._medusa_drafter, "none": lambda: None}
         if kind not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}")
         return builders[kind]()
@@ -226,6 +230,20 @@ class LoadedModels:
         if "eagle" not in self._kept:
             self._kept["eagle"] = EagleDrafter(self._eagle_head(), source=self.preset.eagle.label)
         return self._kept["eagle"]
+
+    def _medusa_drafter(self):
+        from ..drafters import MedusaDrafter
+
+        if self.medusa_heads is None:
+            if self.medusa_problem:
+                why = self.medusa_problem
+            elif self.preset.medusa is None:
+                why = f"preset {self.preset.name} has no medusa: heads source (add one in models.yaml)"
+            else:
+                why = f"preset {self.preset.name} was loaded without its Medusa heads"
+            raise LoadError(f"{why}: use drafter prompt_lookup or model")
+        layers = self.target.config.get_text_config().num_hidden_layers
+        return MedusaDrafter(self.medusa_heads, layers, source=self.preset.medusa.label)
 
     def _eagle_head(self):
         if self.eagle_head is None:

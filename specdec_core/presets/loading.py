@@ -35,6 +35,7 @@ def load_preset(
     load_draft: bool | None = True,
     compile: bool | str | None = None,
     load_eagle: bool | None = True,
+    load_medusa: bool | None = True,
     cpu_weights: str | None = None,
     compile_in_background: bool = True,
 ) -> LoadedModels:
@@ -44,6 +45,7 @@ def load_preset(
     None loads it only when the preset's default drafter is "model". load_eagle likewise for the
     preset's EAGLE head (None: only when the default drafter is "eagle" or "hybrid"); a head that
     can't be loaded or doesn't fit the target leaves a note (and drafter "eagle" says why).
+    load_medusa likewise for its Medusa heads (None: only when the default drafter is "medusa").
     compile: true | false | "auto" overrides the preset's `compile` key (None: the preset's);
     when on, both models' decoding steps are compiled here, before this returns. "auto" on CPU
     compiles a 4-bit target's steps in the background instead (LoadedModels.wait_for_compiling);
@@ -97,11 +99,22 @@ def load_preset(
         except LoadError as error:
             eagle_problem = str(error)
             notes.append(f"EAGLE head unavailable: {eagle_problem}")
+    if load_medusa is None:
+        load_medusa = preset.drafter == "medusa"
+    medusa_heads = medusa_problem = medusa_info = None
+    if preset.medusa is not None and load_medusa:  # before compiling too: the heads read the last layer's output
+        try:
+            medusa_heads, medusa_info = _load_medusa_heads(preset, target, tokenizer)
+        except LoadError as error:
+            medusa_problem = str(error)
+            notes.append(f"Medusa heads unavailable: {medusa_problem}")
     setting = preset.compile if compile is None else compile
     feature_layers = eagle_head.layer_ids if eagle_head is not None else ()
+    if medusa_heads is not None:  # the compiled steps return every feature a loaded drafter reads
+        feature_layers = tuple(sorted({*feature_layers, target.config.get_text_config().num_hidden_layers}))
     target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes, feature_layers,
                                                   compile_in_background)
-    info = [target_info, *info, *([eagle_info] if eagle_info else [])]
+    info = [target_info, *info, *([eagle_info] if eagle_info else []), *([medusa_info] if medusa_info else [])]
     for role, model, runner in (("target", target, target_runner), ("draft", draft, draft_runner)):
         if model is not None and runner is None:  # eager decoding; compiled steps pick their own kernels
             notes += _pack_for_cpu(role, model, info)
@@ -117,6 +130,8 @@ def load_preset(
         draft_runner=draft_runner,
         eagle_head=eagle_head,
         eagle_problem=eagle_problem,
+        medusa_heads=medusa_heads,
+        medusa_problem=medusa_problem,
     )
 
 
@@ -163,6 +178,33 @@ def _load_eagle_head(preset: Preset, target, tokenizer):
         detail=f"draft vocabulary {head.draft_vocab_size:,} of {head.config.vocab_size:,} tokens, reads target layers {layers}",
     )
     return head, info
+
+
+def _load_medusa_heads(preset: Preset, target, tokenizer):
+    """(heads, ModelInfo): the preset's Medusa heads, read and checked against the target (placed
+    on its device, in its dtype). LoadError (one line) when they are missing, broken or don't fit."""
+    from ..drafters import MedusaDrafter, MedusaHeads
+
+    started = time.perf_counter()
+    spec = preset.medusa
+    with load_errors(spec.label):
+        folder = resolve_head(spec, "medusa")
+    heads = MedusaHeads.load(folder)
+    MedusaDrafter(heads, source=spec.label).bind(target, tokenizer)  # checks the fit; moves them
+    memory = sum(t.numel() * t.element_size() for t in heads.parameters())
+    readout = "own output layers" if heads.own_output else "read out through the target's lm_head"
+    info = ModelInfo(
+        role="medusa heads",
+        name=spec.label,
+        parameters=heads.parameter_count,
+        memory_bytes=memory,
+        device=str(heads.device),
+        dtype=str(heads.dtype).removeprefix("torch."),
+        quantization="none",
+        load_s=time.perf_counter() - started,
+        detail=f"{heads.num_heads} heads of {heads.num_layers} residual block(s), {readout}",
+    )
+    return heads, info
 
 
 def _head_on_int4(head) -> str:

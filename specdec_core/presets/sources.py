@@ -64,17 +64,24 @@ def resolve(spec: ModelSpec) -> ResolvedSource:
     raise LoadError(f"{spec.label}: unknown model source kind '{spec.kind}'")
 
 
-def resolve_head(spec: ModelSpec) -> Path:
-    """The local folder of an EAGLE head source (a hub repo is downloaded into the hub cache, or
-    read from it when the hub can't be reached), or LoadError saying what to do."""
+def resolve_head(spec: ModelSpec, key: str = "eagle") -> Path:
+    """The local folder of an EAGLE head source (key "eagle") or Medusa heads source ("medusa"):
+    a hub repo is downloaded into the hub cache, or read from it when the hub can't be reached;
+    LoadError saying what to do."""
     from ..drafters.eagle import head_folder
+    from ..drafters.medusa_heads import LEGACY_WEIGHTS_FILE, WEIGHTS_FILE
 
+    what = "EAGLE head" if key == "eagle" else "Medusa heads"
     if spec.kind == "local":
         return Path(spec.location)
     if spec.kind == "hub":
         source = _resolve_hub(spec.location)
+        if key == "medusa":
+            return head_folder(source.path, source.local_files_only, what, ["config.json", WEIGHTS_FILE, LEGACY_WEIGHTS_FILE])
         return head_folder(source.path, local_files_only=source.local_files_only)
-    raise LoadError(f"eagle: {spec.label}: an EAGLE head is a hub repo id or a local folder, not a {spec.kind} model")
+    raise LoadError(f"{key}: {spec.label}: {what} are a hub repo id or a local folder, not a {spec.kind} model"
+                    if key == "medusa" else
+                    f"eagle: {spec.label}: an EAGLE head is a hub repo id or a local folder, not a {spec.kind} model")
 
 
 def gguf_file(spec: ModelSpec) -> Path:

@@ -14,15 +14,16 @@ DATA_WRITERS = {  # --data-dtype: what wrote the replies and features
 MARKERS = {"training.json", "train_work"}  # what only this trainer writes there
 
 
-def check_out(out: Path) -> None:
-    """Refuse an --out that holds anything but a (possibly unfinished) run of this trainer."""
+def check_out(out: Path, ours: set[str] = OURS) -> None:
+    """Refuse an --out that holds anything but a (possibly unfinished) run of this trainer (whose
+    files are `ours`)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file: give a new or empty folder")
     if not out.is_dir():
         return
     names = {path.name for path in out.iterdir()}
-    if names and (not names & MARKERS or names - OURS):
-        shown = ", ".join(sorted(names - OURS or names)[:3])
+    if names and (not names & MARKERS or names - ours):
+        shown = ", ".join(sorted(names - ours or names)[:3])
         raise ValueError(f"--out {out} holds something else ({shown}): give a new or empty folder, or one this trainer wrote")
 
 

@@ -300,8 +300,11 @@ def _data_summary(train_set, heldout, evaluation, vocabulary, data_seconds: floa
     }
 
 
-def _resume(work: Path, settings: TrainSettings, head, optimizer, scheduler) -> Progress:
-    path = work / CHECKPOINT
+def _resume(work: Path, settings: TrainSettings, head, optimizer, scheduler, name: str = CHECKPOINT) -> Progress:
+    """The progress of the checkpoint `name` in `work` (loaded into head, optimizer, scheduler),
+    or a fresh start when there is none. The Medusa trainer keeps its own checkpoint name, so both
+    trainers can share one work folder (its data)."""
+    path = work / name
     if not path.exists():
         return Progress()
     # weights_only: tensors and plain values only. A checkpoint is a file in a folder others may
@@ -320,10 +323,11 @@ def _resume(work: Path, settings: TrainSettings, head, optimizer, scheduler) -> 
     return Progress(**state["progress"])
 
 
-def _save_checkpoint(work: Path, settings: TrainSettings, head, optimizer, scheduler, progress: Progress) -> None:
+def _save_checkpoint(work: Path, settings: TrainSettings, head, optimizer, scheduler, progress: Progress,
+                     name: str = CHECKPOINT) -> None:
     work.mkdir(parents=True, exist_ok=True)
     state = {"settings": settings.fingerprint(), "head": head.state_dict(), "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict(), "progress": asdict(progress)}
-    temporary = work / (CHECKPOINT + ".tmp")
+    temporary = work / (name + ".tmp")
     torch.save(state, temporary)
-    os.replace(temporary, work / CHECKPOINT)
+    os.replace(temporary, work / name)

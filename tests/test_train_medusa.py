@@ -1,0 +1,123 @@
+"""The Medusa trainer (python -m specdec_core.train_medusa) on a tiny random target, in seconds:
+the output folder's format, its labels' offsets, resumption, the shared data, the bad --out error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdec_core import SamplingParams, SpeculativeEngine
+from specdec_core.drafters import MedusaDrafter, MedusaHeads
+from specdec_core.presets.loading import load_preset
+from specdec_core.train.data import shard_path
+from specdec_core.train.dataset import Sequence
+from specdec_core.train.medusa import CHECKPOINT, MedusaSettings, head_targets, train_medusa
+from specdec_core.train.medusa_cli import main
+from tests.tiny_models import tiny_llama
+
+PRESETS = """\
+auto_fallback: tiny-train
+presets:
+  tiny-train:
+    description: a tiny random Llama target to train heads for
+    target: ./target
+    drafter: prompt_lookup
+    memory_gb: 0.1
+"""
+QUICK = dict(shards=2, per_shard=4, gen_batch=4, max_new_tokens=10, train_vocab=64, epochs=2, batch=2, heads=2,
+             checkpoint_every=1, top_k=3)
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory, smol_tokenizer) -> Path:
+    folder = tmp_path_factory.mktemp("medusa-train-presets")
+    target = tiny_llama(seed=5, init=0.2)
+    target.save_pretrained(folder / "target")
+    smol_tokenizer.save_pretrained(folder / "target")
+    (folder / "models.yaml").write_text(PRESETS)
+    return folder / "models.yaml"
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, tiny_config) -> Path:
+    out = tmp_path_factory.mktemp("medusa-first") / "heads"
+    train_medusa(MedusaSettings("tiny-train", str(out), config=str(tiny_config), **QUICK))
+    return out
+
+
+def _settings(tiny_config, out: Path, first_run: Path, **changes) -> MedusaSettings:
+    work = out.parent / "work"
+    if not (work / "data").exists():  # reuse the generated data: only the training is under test here
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "data").symlink_to(first_run / "train_work" / "data")
+    return MedusaSettings("tiny-train", str(out), config=str(tiny_config), work=str(work), **{**QUICK, **changes})
+
+
+def test_the_output_folder_is_in_medusas_format_and_drafts(first_run, tiny_config):
+    config = json.loads((first_run / "config.json").read_text())
+    assert config["medusa_num_heads"] == 2 and config["medusa_num_layers"] == 1
+    tensors = load_file(str(first_run / "medusa_lm_head.safetensors"))
+    assert {name: tuple(t.shape) for name, t in tensors.items()} == {
+        f"{i}.0.linear.{p}": shape for i in range(2) for p, shape in (("weight", (64, 64)), ("bias", (64,)))}
+    assert all(t.dtype == torch.float16 for t in tensors.values())
+    assert any(t.abs().sum() > 0 for t in tensors.values())  # trained away from the identity it starts as
+    summary = json.loads((first_run / "training.json").read_text())
+    held = summary["heldout"]
+    assert len(held["top1"]) == len(held["top3"]) == len(held["chain_by_position"]) == 2
+    assert all(0 <= a <= b <= 1 for a, b in zip(held["top1"], held["top3"]))
+    assert held["chain_by_position"][1] <= held["chain_by_position"][0] <= held["top1"][0]
+    assert summary["training"]["steps"] == summary["training"]["planned_steps"] > 0
+    readme = (first_run / "README.md").read_text()
+    assert "# Medusa heads for preset `tiny-train`" in readme and "| top-3 |" in readme
+    # The folder loads as the drafter's heads, and drafting with them keeps the target's output.
+    models = load_preset("tiny-train", str(tiny_config), load_draft=False)
+    drafter = MedusaDrafter(MedusaHeads.load(first_run))
+    engine = SpeculativeEngine(models.target, models.tokenizer, drafter=drafter, draft_length=2, adaptive=False)
+    baseline = models.make_engine(drafter="none").generate([5, 6, 7], SamplingParams(max_new_tokens=8)).token_ids
+    assert engine.generate([5, 6, 7], SamplingParams(max_new_tokens=8)).token_ids == baseline
+
+
+def test_head_i_at_position_t_learns_reply_token_t_plus_2_plus_i():
+    ids = torch.arange(100, 110)  # n = 10, the reply from index 4
+    sequences = [Sequence(ids=ids, aux=torch.zeros(9, 3), final=torch.zeros(9, 2), reply_start=4, mode="greedy", family="qa")] * 2
+    rows, labels = head_targets(sequences, 1)
+    assert rows.tolist() == [1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 14, 15]  # the second sequence's rows start at 9
+    assert labels.tolist() == [104, 105, 106, 107, 108, 109] * 2  # t + 3, reply tokens only
+
+
+def test_a_killed_run_resumes_where_it_stopped_and_ends_as_an_uninterrupted_one(tmp_path, tiny_config, first_run):
+    whole = train_medusa(_settings(tiny_config, tmp_path / "a" / "heads", first_run))
+    settings = _settings(tiny_config, tmp_path / "b" / "heads", first_run)
+    assert train_medusa(settings, stop_after=2) is None
+    assert torch.load(Path(settings.work) / CHECKPOINT, weights_only=True)["progress"]["step"] == 2
+    resumed = train_medusa(settings)
+    assert resumed["training"]["steps"] == whole["training"]["steps"] > 2
+    a = load_file(str(tmp_path / "a" / "heads" / "medusa_lm_head.safetensors"))
+    b = load_file(str(tmp_path / "b" / "heads" / "medusa_lm_head.safetensors"))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert resumed["heldout"] == whole["heldout"]
+
+
+def test_the_eagle_trainers_data_is_used_as_it_is(tmp_path, tiny_config, first_run):
+    """A work folder holding the EAGLE trainer's shards (same data settings): nothing is written
+    again, and the checkpoint has a name of its own beside the EAGLE trainer's. (Its step runs
+    autocast to bf16, --train-dtype bfloat16.)"""
+    settings = _settings(tiny_config, tmp_path / "heads", first_run, train_dtype="bfloat16")
+    written = shard_path(Path(settings.work) / "data", 0).stat().st_mtime_ns
+    train_medusa(settings, stop_after=1)
+    assert shard_path(Path(settings.work) / "data", 0).stat().st_mtime_ns == written
+    assert (Path(settings.work) / "medusa_checkpoint.pt").is_file() and not (Path(settings.work) / "checkpoint.pt").exists()
+
+
+def test_bad_arguments_say_what_to_do_in_one_line(tmp_path, tiny_config, capsys):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    assert main(["--preset", "tiny-train", "--config", str(tiny_config), "--out", str(tmp_path / "taken")]) != 0
+    assert main(["--preset", "tiny-train", "--config", str(tiny_config), "--out", str(tmp_path / "x"), "--heads", "0"]) != 0
+    err = capsys.readouterr().err
+    assert "holds something else (notes.txt)" in err and "--heads must be at least 1" in err
+    assert "Traceback" not in err
