@@ -14,6 +14,7 @@ _HOMES = {
     "Drafter": ".drafters",
     "EagleDrafter": ".drafters",
     "HybridDrafter": ".drafters",
+    "LayerSkipDrafter": ".drafters",
     "ModelDrafter": ".drafters",
     "PromptLookupDrafter": ".drafters",
     "SpeculativeEngine": ".engine",
