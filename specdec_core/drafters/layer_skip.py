@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..decoding.eager import CachedModel, KeptRunner, growing_cache
+from ..decoding.eager import CachedModel, KeptRunner
 from ..decoding.features import decoder_layers, untapped
 from ..drafter import NO_DRAFT, Draft, Drafter
 from ..errors import LoadError
@@ -134,10 +134,10 @@ class Calibration:
 
 def skipping_model(target, kept: tuple[int, ...]) -> nn.Module:
     """The target running only the decoder layers `kept`: a twin sharing every module and weight
-    (features.untapped), its decoder's layer stack replaced by the subset. The layers keep their
-    own layer_idx, so their keys and values go to their own slots of a cache laid out for the
-    whole target (growing_cache(target.config)); the decoder's loop over
-    `layers[:num_hidden_layers]` then runs just the subset."""
+    (features.untapped), its decoder's layer stack replaced by the subset. The twin shares the
+    target's config too, so a cache made for it (CachedModel: growing_cache(config)) has a slot
+    for every target layer, and the kept layers, keeping their own layer_idx, write to their own
+    slots; the decoder's loop over `layers[:num_hidden_layers]` runs just the subset."""
     twin = untapped(target)
     decoder = twin.get_decoder() if hasattr(twin, "get_decoder") else twin.model
     layers = decoder_layers(twin)
@@ -221,9 +221,9 @@ class LayerSkipDrafter(Drafter):
         _check_target(target)
         layers = _layer_count(target)
         if self.fixed is not None:
-            if not self.fixed or self.fixed[0] != 0 or max(self.fixed) >= layers or len(set(self.fixed)) != len(self.fixed):
-                raise ValueError(f"kept_layers must start with layer 0 and name distinct layers below {layers}, "
-                                 f"got {list(self.fixed)}")
+            if not self.fixed or self.fixed[0] != 0 or list(self.fixed) != sorted(set(self.fixed)) or self.fixed[-1] >= layers:
+                raise ValueError(f"kept_layers must start with layer 0 and name distinct layers below {layers} in "
+                                 f"order, got {list(self.fixed)}")
             self.kept = self.fixed
         else:
             self.calibration = calibrate(target, tokenizer)
@@ -233,18 +233,8 @@ class LayerSkipDrafter(Drafter):
         self.model = skipping_model(target, self.kept) if self.kept else None
         self._chain = None
         if self.model is not None:
-            self._kept_runner = KeptRunner(_runner_for(target), self.model)
+            self._kept_runner = KeptRunner(CachedModel, self.model)
             self._chain = ModelDrafter(self.model, min_confidence=self.min_confidence, kept=self._kept_runner)
-
-
-def _runner_for(target):
-    """Runners of the twin whose cache is laid out for the whole target (every layer's slot), so
-    the kept layers' layer_idx index it as the target's do."""
-    def make_runner(model) -> CachedModel:
-        runner = CachedModel(model)
-        runner.cache = growing_cache(target.config)
-        return runner
-    return make_runner
 
 
 # ---- the calibration ---------------------------------------------------------------------
@@ -306,7 +296,7 @@ def _verify_costs(model, sequence: list[int], step_s: float) -> dict[int, float]
 
 def _score(target, pattern: SkipPattern, prompt: list[int], continuation: list[int], step_s: float,
            verify_cost: dict[int, float]) -> PatternScore:
-    runner = _runner_for(target)(skipping_model(target, pattern.kept))
+    runner = CachedModel(skipping_model(target, pattern.kept))
     sequence = prompt + continuation
     logits = runner.forward(sequence[:-1])
     guesses = logits[len(prompt) - 1 :].argmax(-1).tolist()
