@@ -189,7 +189,7 @@ class LoadedModels:
                 lines.append(f"{info.line()}  decode: eager{target_path}")
         layer_skip = self._kept.get("layer_skip")
         if layer_skip is not None and layer_skip.calibration is not None:  # once its engine was made
-            lines.append(layer_skip.calibration.line())
+            lines.insert(1, layer_skip.calibration.line())  # under the target: it drafts with its layers
         return "\n".join(lines)
 
     def _drafter(self, kind: str):
