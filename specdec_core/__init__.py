@@ -15,6 +15,7 @@ _HOMES = {
     "EagleDrafter": ".drafters",
     "HybridDrafter": ".drafters",
     "MedusaDrafter": ".drafters",
+    "LayerSkipDrafter": ".drafters",
     "ModelDrafter": ".drafters",
     "PromptLookupDrafter": ".drafters",
     "SpeculativeEngine": ".engine",

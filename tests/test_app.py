@@ -502,6 +502,19 @@ def test_eagle_hybrid_and_medusa_drafters_give_the_engines_reply(client, app_ser
     assert "medusa heads: ./medusa" in final["models"] and "3 heads of 1 residual block(s)" in final["models"]
 
 
+def test_layer_skip_drafter_gives_the_engines_reply_and_shows_its_calibration(client, app_server):
+    """The menu's "self-speculative (layer skip)": the reply is the engine's, and the models panel
+    shows what the calibration chose (or that no subset pays) with its numbers."""
+    from specdec_app.settings import MENU_DRAFTERS
+
+    assert ("self-speculative (layer skip)", "layer_skip") in MENU_DRAFTERS
+    final = outputs(send(client, "Count with me: one two three", drafter="layer_skip", max_new_tokens=24))
+    spans = token_spans(final["chat"][1])
+    expected = reference_reply(app_server, [{"role": "user", "content": "Count with me: one two three"}])
+    assert "".join(text for _, text in spans) == expected.text
+    assert "layer skip: early exit at 1/2 (1 of 2 layers): acceptance" in final["models"]
+
+
 def test_eagle_drafter_without_a_head_is_one_line(client):
     with pytest.raises(AppError, match="has no eagle: head source") as raised:
         send(client, "hi", preset="tiny-nodraft", drafter="eagle").result()

@@ -280,9 +280,26 @@ def test_llamacpp_is_a_method_only_where_llama_cpp_is_importable(tiny_app_config
 def test_small_run_greedy_outputs_equal_the_baseline(tiny_run):
     code, out = tiny_run
     report = json.loads((out / "results.json").read_text())
-    for method in ("ours-baseline", "ours-model", "ours-lookup", "ours-eagle", "ours-hybrid", "ours-medusa", "hf-generate"):
+    for method in ("ours-baseline", "ours-model", "ours-lookup", "ours-eagle", "ours-hybrid", "ours-medusa", "ours-layer-skip",
+                   "hf-generate"):
         assert report["identity"][method]["share"] == 1.0, method
     assert report["results"]["ours-baseline"]["overall"]["speedup_vs_ours_baseline"] == pytest.approx(1.0)
+
+
+def test_small_run_reports_the_layer_skip_calibration(tiny_run):
+    """ours-layer-skip's drafter calibrated as its engine was made: its choice and every subset's
+    acceptance, cost and predicted speedup are in results.json and results.md."""
+    _, out = tiny_run
+    report = json.loads((out / "results.json").read_text())
+    calibration = report["layer_skip_calibration"]
+    assert calibration["layers"] == 2 and [p["kept"] for p in calibration["patterns"]] == [[0]]
+    pattern = calibration["patterns"][0]
+    assert 0 <= pattern["acceptance"] <= 1 and pattern["cost"] > 0 and pattern["speedup"] > 0
+    assert calibration["kept"] == ([0] if calibration["chosen"] else [])
+    assert report["results"]["ours-layer-skip"]["overall"]["tokens_per_second"] > 0
+    markdown = (out / "results.md").read_text()
+    assert "## Layer-skip calibration" in markdown and calibration["line"] in markdown
+    assert "| early exit at 1/2 | 1 |" in markdown
 
 
 def test_small_run_has_a_theory_check_per_speculative_method(tiny_run):

@@ -150,6 +150,15 @@ def test_eagle_and_hybrid_drafters(tiny_presets, empty_hub_cache):
         assert reply["token_ids"] == baseline["token_ids"] and reply["stats"]["drafted_tokens"] > 0
 
 
+def test_layer_skip_drafter(tiny_presets, empty_hub_cache):
+    """--drafter layer_skip: the target drafts for itself (calibrated at load) and the reply is the baseline's."""
+    args = ["--config", str(tiny_presets.config), "--preset", "tiny", "--prompt", "Count: 1 2 3 1 2 3",
+            "--max-new-tokens", "12"]
+    baseline = generate_json(*args, "--drafter", "none", hub_cache=empty_hub_cache)
+    reply = generate_json(*args, "--drafter", "layer_skip", hub_cache=empty_hub_cache)
+    assert reply["token_ids"] == baseline["token_ids"]
+
+
 @pytest.mark.parametrize(
     "preset, says",
     [

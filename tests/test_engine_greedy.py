@@ -8,6 +8,7 @@ import torch
 from specdec_core import (
     EagleDrafter,
     HybridDrafter,
+    LayerSkipDrafter,
     MedusaDrafter,
     ModelDrafter,
     PromptLookupDrafter,
@@ -68,6 +69,8 @@ def make_drafter(kind, family):
         return HybridDrafter(EagleDrafter(family["head"]))
     if kind == "medusa":
         return MedusaDrafter(family["medusa"])
+    if kind == "layer_skip":
+        return LayerSkipDrafter(kept_layers=(0,))  # the target's first layer of two, its norm and head
     return ModelDrafter(family[kind])
 
 
@@ -82,7 +85,7 @@ def test_baseline_equals_hf_generate(family, references, smol_tokenizer):
 # 6 drafters x 4 draft lengths x adaptive on/off x 3 prompts x 2 families = 288 combinations.
 @pytest.mark.parametrize(
     "drafter_kind, k, adaptive",
-    list(itertools.product(["lookup", "often", "rarely", "eagle", "hybrid", "medusa"], [1, 3, 5, 8], [True, False])),
+    list(itertools.product(["lookup", "often", "rarely", "eagle", "hybrid", "medusa", "layer_skip"], [1, 3, 5, 8], [True, False])),
 )
 def test_speculative_equals_hf_generate(family, references, smol_tokenizer, drafter_kind, k, adaptive):
     engine = SpeculativeEngine(
@@ -106,6 +109,50 @@ def test_drafts_are_really_used(family, references, smol_tokenizer):
         rates[kind] = stats.acceptance_rate
         assert stats.drafted_tokens > 0
     assert rates["often"] > 0.5 > rates["rarely"]
+
+
+def test_layer_skip_drafts_with_the_targets_own_weights_and_a_cache_of_its_layers(family, references, smol_tokenizer):
+    """No second copy: every parameter the skipping drafter runs is one of the target's tensors
+    (the skipped layer's are not among them), and its KV cache holds only the layer it runs. Its
+    drafts are used (the first layer alone agrees with the target part of the time)."""
+    target = family["target"]
+    drafter = LayerSkipDrafter(kept_layers=(0,))
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter, draft_length=3, adaptive=False)
+    target_tensors = {id(p): p.data_ptr() for p in target.parameters()}
+    runs = list(drafter.model.parameters())
+    assert runs and all(id(p) in target_tensors and target_tensors[id(p)] == p.data_ptr() for p in runs)
+    assert not {id(p) for p in target.model.layers[1].parameters()} & {id(p) for p in runs}
+    assert drafter.model.get_output_embeddings().weight is target.get_output_embeddings().weight
+    drafted = accepted = 0
+    for ids, expected in references.values():
+        result = engine.generate(ids, SamplingParams(max_new_tokens=NEW_TOKENS))
+        assert result.token_ids == expected
+        drafted, accepted = drafted + result.stats.drafted_tokens, accepted + result.stats.accepted_tokens
+    assert 0 < accepted < drafted
+    layers = drafter._kept_runner._runner.cache.layers
+    assert [layer.is_initialized for layer in layers] == [True, False]  # layer 1's slot stays empty
+    assert 0 < drafter.memory_bytes()
+
+
+@pytest.mark.parametrize("min_speedup, drafts", [(0.0, True), (1e9, False)])
+def test_layer_skip_calibrates_at_bind_and_drafts_only_when_a_subset_pays(
+        family, references, smol_tokenizer, monkeypatch, min_speedup, drafts):
+    from specdec_core.drafters import layer_skip
+
+    monkeypatch.setattr(layer_skip, "MIN_SPEEDUP", min_speedup)
+    drafter = LayerSkipDrafter()
+    engine = SpeculativeEngine(family["target"], smol_tokenizer, drafter=drafter, draft_length=3, adaptive=False)
+    calibration = drafter.calibration
+    assert [score.pattern.kept for score in calibration.scores] == [(0,)]  # a 2-layer stack: exit after the first
+    score = calibration.scores[0]
+    assert 0 <= score.acceptance <= 1 and score.cost > 0 and score.speedup > 0 and 1 <= score.draft_length <= 8
+    assert calibration.target_step_s > 0 and min(calibration.verify_cost.values()) >= 1.0
+    assert (calibration.chosen is score) == drafts and (drafter.kept == (0,)) == drafts
+    assert "acceptance" in calibration.line() and ("drafts nothing" in calibration.line()) != drafts
+    ids, expected = references[PROMPTS[0]]
+    result = engine.generate(ids, SamplingParams(max_new_tokens=NEW_TOKENS))
+    assert result.token_ids == expected
+    assert (result.stats.drafted_tokens > 0) == drafts
 
 
 class CountedHead(EagleDrafter):

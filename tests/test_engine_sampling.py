@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec_core import EagleDrafter, HybridDrafter, MedusaDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core import EagleDrafter, HybridDrafter, LayerSkipDrafter, MedusaDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
 from specdec_core.drafter import Draft, Drafter
 from specdec_core.drafters import Eagle3Head
 from specdec_core.sampling import probabilities
@@ -237,3 +237,25 @@ def test_medusa_heads_sample_the_target_distribution(pair, smol_tokenizer, own_o
         stats = engine.generate(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=3, seed=seed)).stats
         drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
     assert 0 < accepted < drafted  # the heads draft, and they are not the target
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=5, top_p=0.9)],
+    ids=["t1", "t0.7-topk5-topp0.9"],
+)
+def test_layer_skip_samples_the_target_distribution(pair, smol_tokenizer, params):
+    """The target's first layer alone (then its norm and head) drafts: q differs from p, and the
+    acceptance rule still gives exactly p."""
+    target, _ = pair
+    drafter = LayerSkipDrafter(kept_layers=(0,))
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter, draft_length=2, adaptive=False)
+    exact = exact_two_token_distribution(target, engine.eos_ids, params)
+    assert total_variation(exact, exact_two_token_distribution(drafter.model, engine.eos_ids, params)) > 0.1
+    counts = empirical(engine, params)
+    assert chi_square_p_value(counts, exact) > 1e-3
+    drafted = accepted = 0
+    for seed in range(100):
+        stats = engine.generate(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=2, seed=seed)).stats
+        drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
+    assert 0 < accepted < drafted

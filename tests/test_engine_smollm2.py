@@ -75,3 +75,39 @@ def test_medusa_heads_on_the_real_model_and_the_4bit_target_equal_the_baseline(s
             prompt, params)
         assert result.token_ids == baseline
         assert result.stats.drafted_tokens > 0
+
+
+def test_layer_skip_on_the_real_model_equals_the_baseline_and_calibrates(smollm2):
+    """SmolLM2's own layers with a subset skipped draft for it: with a fixed subset (every other
+    middle layer) it drafts and its drafts are kept, and greedy output is unchanged; calibrated,
+    it scores every candidate subset and picks the one with the highest predicted speedup, or
+    drafts nothing where none pays, and the reply is again the baseline's."""
+    from specdec_core import LayerSkipDrafter
+    from specdec_core.drafters import layer_skip
+
+    model, tokenizer = smollm2
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": CHATS[1]}], add_generation_prompt=True, return_dict=True
+    )["input_ids"]
+    params = SamplingParams(max_new_tokens=32)
+    baseline = SpeculativeEngine(model, tokenizer).generate(prompt, params).token_ids
+    patterns = {pattern.name: pattern for pattern in layer_skip.candidate_patterns(30)}
+    assert len(patterns) == 5
+    fixed = LayerSkipDrafter(kept_layers=patterns["every other middle layer skipped"].kept)
+    result = SpeculativeEngine(model, tokenizer, drafter=fixed, draft_length=3, adaptive=False).generate(prompt, params)
+    assert result.token_ids == baseline
+    assert 0 < result.stats.accepted_tokens < result.stats.drafted_tokens
+
+    calibrated = LayerSkipDrafter()
+    engine = SpeculativeEngine(model, tokenizer, drafter=calibrated)
+    calibration = calibrated.calibration
+    assert [score.pattern.name for score in calibration.scores] == list(patterns)
+    costs = {score.pattern.name: score.cost for score in calibration.scores}
+    assert all(0 < score.acceptance < 1 for score in calibration.scores)
+    # CPU time: half the layers cost less than five in six of them, whatever else runs
+    assert costs["early exit at 1/2"] < costs["every third middle layer skipped"]
+    best = max(calibration.scores, key=lambda score: score.speedup)
+    assert calibration.chosen is (best if best.speedup >= layer_skip.MIN_SPEEDUP else None)
+    assert calibrated.kept == (best.pattern.kept if calibration.chosen else None)
+    assert best.pattern.name in calibration.line()
+    assert engine.generate(prompt, params).token_ids == baseline

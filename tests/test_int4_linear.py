@@ -293,6 +293,34 @@ def test_every_drafter_on_the_4bit_target_gives_hf_generates_tokens(smollm2_gguf
         assert results[name].stats.drafted_tokens > 0, name
 
 
+def test_layer_skip_on_the_4bit_target_gives_the_baseline_tokens_on_its_own_int4_layers(smollm2_gguf):
+    """The 4-bit target drafts for itself with every other middle layer skipped: its drafting
+    twin runs the target's own Int4Linear modules (no copy) through their lean decoding steps, and
+    greedy output is plain decoding's; the preset's layer_skip engine (calibrated) too."""
+    from specdec_core import LayerSkipDrafter, SpeculativeEngine
+    from specdec_core.chat import chat_prompt_ids
+    from specdec_core.drafters.layer_skip import candidate_patterns
+    from specdec_core.kernels.int4_linear import Int4Linear
+
+    models = smollm2_gguf
+    prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": "Repeat this list twice: apples, pears, plums."}])
+    params = SamplingParams(max_new_tokens=40)
+    baseline = models.make_engine(drafter="none").generate(prompt, params).token_ids
+    (pattern,) = [p for p in candidate_patterns(30) if p.name == "every other middle layer skipped"]
+    drafter = LayerSkipDrafter(kept_layers=pattern.kept)
+    engine = SpeculativeEngine(models.target, models.tokenizer, drafter=drafter, draft_length=3, adaptive=False,
+                               make_runner=models.path("target"))
+    target_int4 = {id(m) for m in models.target.modules() if isinstance(m, Int4Linear)}
+    drafter_int4 = [m for m in drafter.model.modules() if isinstance(m, Int4Linear)]
+    assert len(drafter_int4) == 7 * len(pattern.kept) + 1 and all(id(m) in target_int4 for m in drafter_int4)
+    result = engine.generate(prompt, params)
+    assert result.token_ids == baseline
+    assert 0 < result.stats.accepted_tokens < result.stats.drafted_tokens
+    calibrated = models.make_engine(drafter="layer_skip")
+    assert calibrated.generate(prompt, params).token_ids == baseline
+    assert models.describe().splitlines()[1].startswith("layer skip: ")
+
+
 def test_every_drafter_on_the_4bit_target_reads_a_long_prompt_as_plain_decoding_does(smollm2_gguf):
     """A prompt of DENSE_ROWS tokens or more is read in one call on the unpacked weights (bf16
     where matmuls run in bf16); every engine reading it from an empty cache reads it alike, so

@@ -1,7 +1,7 @@
 """The decoding methods the benchmark compares, timed alike and traced alike.
 
-ours-*  SpeculativeEngine with drafter none / model / prompt_lookup / eagle / hybrid (the
-        preset's draft length and adaptivity).
+ours-*  SpeculativeEngine with drafter none / model / prompt_lookup / eagle / hybrid / layer_skip
+        (the preset's draft length and adaptivity; layer_skip calibrates its layers as it is made).
 hf-*    Hugging Face `generate()`: plain greedy, assisted generation with the preset's draft as
         `assistant_model`, and prompt lookup (`prompt_lookup_num_tokens=10`).
 llamacpp  llama.cpp (llama-cpp-python) decoding the preset's GGUF file plainly and greedily: the
@@ -37,21 +37,23 @@ from ..sampling import SamplingParams
 OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lookup"
 OURS_EAGLE, OURS_HYBRID = "ours-eagle", "ours-hybrid"
 OURS_MEDUSA = "ours-medusa"
+OURS_LAYER_SKIP = "ours-layer-skip"
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "hf-generate", "hf-assisted", "hf-lookup"
 LLAMACPP = "llamacpp"
-METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, OURS_EAGLE, OURS_HYBRID, OURS_MEDUSA, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP)
+METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, OURS_EAGLE, OURS_HYBRID, OURS_MEDUSA, OURS_LAYER_SKIP, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP)
 NEEDS_EAGLE_HEAD = (OURS_EAGLE, OURS_HYBRID)  # left out of the default methods when the preset has none
 NEEDS_MEDUSA_HEADS = (OURS_MEDUSA,)  # likewise for Medusa heads
 LLAMACPP_INSTALL = "pip install llama-cpp-python (it compiles llama.cpp: a C++ compiler and cmake, a few minutes)"
 BASELINE_OF = {  # each speculative method's own plain decoding
     OURS_MODEL: OURS_BASELINE, OURS_LOOKUP: OURS_BASELINE, OURS_EAGLE: OURS_BASELINE, OURS_HYBRID: OURS_BASELINE,
-    OURS_MEDUSA: OURS_BASELINE, HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
+    OURS_MEDUSA: OURS_BASELINE, OURS_LAYER_SKIP: OURS_BASELINE, HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
 }
 NEEDS_DRAFT_MODEL = (OURS_MODEL, HF_ASSISTED)
 HF_LOOKUP_TOKENS = 10  # what HF's docs suggest and users copy
 _OURS_DRAFTER = {
     OURS_BASELINE: "none", OURS_MODEL: "model", OURS_LOOKUP: "prompt_lookup", OURS_EAGLE: "eagle", OURS_HYBRID: "hybrid",
     OURS_MEDUSA: "medusa",
+    OURS_LAYER_SKIP: "layer_skip",
 }
 
 

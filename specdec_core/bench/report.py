@@ -196,6 +196,15 @@ def write_markdown(path: Path, report: dict) -> None:
     path.write_text(markdown(report), encoding="utf-8")
 
 
+def _calibration_lines(calibration: dict) -> list[str]:
+    """ours-layer-skip's calibration: its choice, and each subset it tried."""
+    rows = [f"| {p['name']} | {len(p['kept'])} | {p['acceptance']:.2f} | {p['cost']:.2f} | {p['draft_length']} | "
+            f"{p['speedup']:.2f}x |" for p in calibration["patterns"]]
+    return ["## Layer-skip calibration (ours-layer-skip's drafter, at load)", "", calibration["line"], "",
+            "| layers run | of them | acceptance | draft step / target step | k | predicted |",
+            "|---|---|---|---|---|---|", *rows, ""]
+
+
 def markdown(report: dict) -> str:
     """results.md: the run's settings and the tables of results.json."""
     families, results, methods = report["families"], report["results"], list(report["results"])
@@ -252,6 +261,8 @@ def markdown(report: dict) -> str:
         *_table(methods, heads, lambda m, f: _pct(results[m][f]["identical_to_baseline"]), columns),
         "",
     ]
+    if report.get("layer_skip_calibration"):
+        lines += _calibration_lines(report["layer_skip_calibration"])
     mismatches = {m: v["mismatched_questions"] for m, v in report["identity"].items() if v and v["mismatched_questions"]}
     if mismatches:
         lines += ["Mismatched questions: " + "; ".join(f"{m}: {', '.join(q)}" for m, q in mismatches.items()), ""]

@@ -93,6 +93,9 @@ def run(args: argparse.Namespace, command: str = "") -> int:
         methods = [m for m in methods if m != LLAMACPP]
         inform(f"llamacpp: the target {models.preset.target.label} is not a GGUF file: not compared")
     bench_methods = make_methods(methods, models, threads=args.threads)
+    calibration = layer_skip_calibration(bench_methods)  # made (calibrated) with its engine
+    if calibration:
+        inform(calibration["line"])
     prompts = {
         q.question_id: chat_prompt_ids(models.tokenizer, [{"role": "user", "content": q.prompt}]) for q in questions
     }
@@ -135,6 +138,7 @@ def run(args: argparse.Namespace, command: str = "") -> int:
         },
         **summary,
         "step_costs": {family: c.as_dict() for family, c in costs.items()},
+        "layer_skip_calibration": calibration,
         "bandwidth": bandwidth,
         "per_question": _per_question(questions, prompts, runs, methods, summary["identity"]),
     }
@@ -151,6 +155,15 @@ def run(args: argparse.Namespace, command: str = "") -> int:
                   file=sys.stderr)
         return EXIT_MISMATCH
     return 0
+
+
+def layer_skip_calibration(bench_methods) -> dict | None:
+    """What ours-layer-skip's drafter chose at its calibration (layers, acceptance, cost), or None."""
+    for method in bench_methods:
+        calibration = getattr(getattr(getattr(method, "engine", None), "drafter", None), "calibration", None)
+        if calibration is not None:
+            return calibration.as_dict()
+    return None
 
 
 def measure(

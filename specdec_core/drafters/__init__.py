@@ -4,9 +4,10 @@ from ..drafter import NO_DRAFT, Draft, Drafter
 from .eagle import EagleDrafter
 from .eagle_head import Eagle3Head
 from .hybrid import HybridDrafter
+from .layer_skip import LayerSkipDrafter
 from .lookup import PromptLookupDrafter, find_continuation
 from .medusa import MedusaDrafter
 from .medusa_heads import MedusaHeads
 from .model import ModelDrafter
 
-__all__ = ["Draft", "Drafter", "Eagle3Head", "EagleDrafter", "HybridDrafter", "MedusaDrafter", "MedusaHeads", "ModelDrafter", "NO_DRAFT", "PromptLookupDrafter", "find_continuation"]
+__all__ = ["Draft", "Drafter", "Eagle3Head", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "MedusaDrafter", "MedusaHeads", "ModelDrafter", "NO_DRAFT", "PromptLookupDrafter", "find_continuation"]

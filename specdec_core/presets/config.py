@@ -34,7 +34,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("4bit", "8bit", "none")
 # Every drafter: its name (models.yaml, the API, the CLI: a contract) and its label (the app's menu).
 DRAFTER_LABELS = {"model": "draft model", "prompt_lookup": "prompt lookup", "eagle": "EAGLE head", "hybrid": "hybrid",
-                  "medusa": "Medusa heads", "none": "none"}
+                  "medusa": "Medusa heads", "layer_skip": "self-speculative (layer skip)", "none": "none"}
 DRAFTERS = tuple(DRAFTER_LABELS)
 CPU_WEIGHTS = ("fp32", "gguf")  # on CPU: dequantised fp32 (prepacked) | the GGUF's own 4-bit blocks
 GGUF_KINDS = ("gguf", "bundled")  # sources that are a GGUF file

@@ -128,7 +128,8 @@ class LoadedModels:
     def cache_line(self) -> str:
         """One line for the models panel: the KV cache memory in use."""
         sizes = self.cache_bytes()
-        parts = [f"{role} {sizes[role] / 1e6:,.1f} MB" for role in ("target", "draft", "eagle") if role in sizes]
+        parts = [f"{role} {sizes[role] / 1e6:,.1f} MB" for role in ("target", "draft", "eagle", "layer_skip")
+                 if role in sizes]
         return "KV caches: " + (", ".join(parts) if parts else "none yet") + " (one conversation per model)"
 
     def engine(self, drafter: str | None = None, draft_length: int | None = None, adaptive: bool | None = None):
@@ -190,6 +191,9 @@ class LoadedModels:
                 eager_target = not self.path("target").reads_features(layers)
                 target_path = "; the target decodes eagerly with it" if eager_target else ""
                 lines.append(f"{info.line()}  decode: eager{target_path}")
+        layer_skip = self._kept.get("layer_skip")
+        if layer_skip is not None and layer_skip.calibration is not None:  # once its engine was made
+            lines.insert(1, layer_skip.calibration.line())  # under the target: it drafts with its layers
         return "\n".join(lines)
 
     def _drafter(self, kind: str):
@@ -197,7 +201,8 @@ class LoadedModels:
         from ..drafters import PromptLookupDrafter
 
         builders = {"model": self._model_drafter, "prompt_lookup": PromptLookupDrafter,
-                    "eagle": self._eagle_drafter, "hybrid": self._hybrid_drafter, "medusa": self._medusa_drafter, "none": lambda: None}
+                    "eagle": self._eagle_drafter, "hybrid": self._hybrid_drafter, "medusa": self._medusa_drafter,
+                    "layer_skip": self._layer_skip_drafter, "none": lambda: None}
         if kind not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}")
         return builders[kind]()
@@ -244,6 +249,15 @@ class LoadedModels:
             raise LoadError(f"{why}: use drafter prompt_lookup or model")
         layers = self.target.config.get_text_config().num_hidden_layers
         return MedusaDrafter(self.medusa_heads, layers, source=self.preset.medusa.label)
+
+    def _layer_skip_drafter(self):
+        """The one LayerSkipDrafter of this target: it calibrates once (at its first bind, a few
+        seconds) and keeps its KV cache of the last conversation for every setting's engine."""
+        from ..drafters import LayerSkipDrafter
+
+        if "layer_skip" not in self._kept:
+            self._kept["layer_skip"] = LayerSkipDrafter()
+        return self._kept["layer_skip"]
 
     def _eagle_head(self):
         if self.eagle_head is None:
