@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, help="the cache folder ($SPECDEC_CACHE) the compile uses")
     parser.add_argument("--chat", action="store_true", help="reply while the steps compile")
     parser.add_argument("--eager", action="store_true", help="no compile: eager replies only")
+    parser.add_argument("--chat-s", type=float, help="chat for at most this long, then stop (without waiting for the compile)")
     parser.add_argument("--replies", type=int, default=12, help="replies after the compile (or eager)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
@@ -61,20 +62,24 @@ def main() -> None:
         return (len(result.token_ids) - 1) / (stats.wall_s - stats.ttft_s)
 
     during = []
-    while args.chat and steps.compiling:
+    while args.chat and steps.compiling and (args.chat_s is None or time.perf_counter() - compile_started < args.chat_s):
         during.append(reply(len(during)))
         print(f"  reply while compiling ({_progress(steps)}): {during[-1]:.1f} tok/s {_load()}", flush=True)
         time.sleep(PAUSE_S)
+    if during:
+        print(f"while compiling: median {statistics.median(during):.1f} tok/s over {len(during)} replies")
+    if args.chat_s is not None:
+        return
     models.wait_for_compiling()
     if not args.eager:
         print(f"compile ended {time.perf_counter() - compile_started:.0f} s after the load "
               f"(warm-up {steps.warmup_s:.0f} s, {steps.loaded} of {len(steps.step_sizes)} step shapes loaded from "
-              f"the cache); decode path: {models.decode_path} {_load()}", flush=True)
+              f"the cache, {_cpu_s():.0f} CPU seconds since the start); decode path: {models.decode_path} {_load()}",
+              flush=True)
     after = [reply(i) for i in range(args.replies)]
     label = "eager" if args.eager else "compiled"
-    if during:
-        print(f"while compiling: median {statistics.median(during):.1f} tok/s over {len(during)} replies")
-    print(f"{label}: median {statistics.median(after):.1f} tok/s over {len(after)} replies {_load()}")
+    print(f"{label}: median {statistics.median(after):.1f} tok/s over {len(after)} replies {_load()}; "
+          f"{_cpu_s():.0f} CPU seconds in all")
 
 
 def _use_cache(folder: Path) -> None:
@@ -90,6 +95,14 @@ def _use_cache(folder: Path) -> None:
 
 def _progress(steps) -> str:
     return f"{steps.shapes_ready}/{len(steps.step_sizes)} shapes"
+
+
+def _cpu_s() -> float:
+    """CPU time of this process and the compiler processes it ran."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _load() -> str:

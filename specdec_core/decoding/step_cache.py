@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import logging
 import platform
+import stat
 import sys
 from pathlib import Path
 
@@ -73,6 +74,9 @@ class StepCache:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             step.save_compiled_function(str(self.path(size)))
+            # torch writes it through a 0600 temporary file: give it the mode the umask gives
+            # (mkdir applied it to the folder), so a shared $SPECDEC_CACHE stays readable to all.
+            self.path(size).chmod(stat.S_IMODE(self.folder.stat().st_mode) & 0o666)
         except Exception as error:
             logger.warning("compiled step could not be saved in %s (%s: %s): the next start compiles it again",
                            self.folder, type(error).__name__, error)
