@@ -25,11 +25,13 @@ shapes: the context length is a symbol, and one graph per step size serves every
   padding left out: the head's engines keep the compiled target, in the background too. Eager
   steps (the prompt, the first MIN_CONTEXT tokens, a generation begun before the compile
   ended) run the model itself, whose hooks fill its taps.
-- Dynamo's guards inside the model are skipped (checking them took a tenth of a 1-token step),
-  so each CompiledSteps compiles its own copy of the step's code: no other model is ever handed
-  its graphs.
-- Compiling takes minutes on two cores the first time (docs/decode-paths.md); inductor keeps what it compiled on disk (its cache folder,
-  TORCHINDUCTOR_CACHE_DIR), and a later start takes a minute or two. So `compile: auto`
+- Each step size is compiled ahead of its first call (dynamo's aot_compile: the whole step one
+  graph, no guards) into a function this CompiledSteps keeps and calls only with a step of that
+  size on its own model's cache: no other model is ever handed its graphs, and no guard is
+  checked before a call (checking dynamo's took a tenth of a 1-token step).
+- Compiling takes minutes on two cores the first time (docs/decode-paths.md). With a cache folder
+  (step_cache.py; the app's cache, for the presets) each compiled step is saved there, and a
+  later start loads it in seconds instead of tracing and compiling again. `compile: auto`
   compiles them in the background (`background=True`, for a 4-bit target): a thread compiles
   while runners step eagerly, and each runner takes the compiled steps at the first generation
   it begins once they are ready. The compile gives way to decoding: its tracing is
@@ -51,7 +53,6 @@ import os
 import sys
 import threading
 import time
-import types
 import weakref
 
 import torch
@@ -60,6 +61,7 @@ from .features import StepFeatures, settle_features, start_features, untapped
 from .base import EAGER_DYNAMIC, MAX_STEP_TOKENS, DecodePath, model_name
 from .compiling import PAD_TOKEN, allow_a_graph_per_shape, compile_failed
 from .eager import CachedModel, GrowingLayer, cache_kwargs
+from .step_cache import StepCache
 
 logger = logging.getLogger(__name__)
 
@@ -78,13 +80,43 @@ _WARMUP_CONTEXT = 37
 # SmolLM2's steps on two cores that compiles in a third of the time (136 s against 403 for two
 # step sizes, cold), and the steps ran as fast (9.2-9.3 against 9.5-10.3 ms a 1-token step).
 _INDUCTOR_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
-# Before each call dynamo checks its guards: by default thousands on the model's modules (their
-# hooks, attributes, the type and shape of each of their 270 tensors). On SmolLM2's 1-token step
-# on two cores that took 1.5 ms of 12 (interleaved, median of 60: 12.0 ms with them, 10.5
-# without). The steps belong to one model, prepared before compiling (4-bit layers, row-exact
-# attention, the twin's feature hooks) and not changed after, so only the guards inside its
-# modules are skipped; those on the step's input and the cache stay. (torch >= 2.7 has the filter.)
-_SKIP_GUARDS_INSIDE_THE_MODEL = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
+
+
+def _no_guards(entries) -> list[bool]:
+    """Dynamo's guard filter that keeps none. Before each call a compiled function checks its
+    guards: by default thousands on the model's modules (their hooks, attributes, the type and
+    shape of each of their 270 tensors); on SmolLM2's 1-token step on two cores that took 1.5 ms
+    of 12. Each compiled step here belongs to one model, prepared before compiling (4-bit layers,
+    row-exact attention, the twin's feature hooks) and not changed after, and is called only by
+    its runner, with its own size, at MIN_CONTEXT cached tokens or more (where the context length
+    is a symbol): what the guards would check. Keeping none also lets a step be saved: dynamo
+    can't save guards on a model's closures and objects."""
+    return [False] * len(entries)
+
+
+def _unguarded(step):
+    """A compiled step that skips its (empty) guard check: binding its arguments for it costs
+    Python time at every call."""
+    disable = getattr(step, "disable_guard_check", None)
+    if disable is not None:
+        disable()
+    return step
+
+
+class _Stepper:
+    """What a compiled step reads besides its input and cache: the untapped twin, the features
+    it returns, the cache's keyword. A plain object (not CompiledSteps, with its thread and locks)
+    so that dynamo can save the compiled step."""
+
+    def __init__(self, model, features: StepFeatures, cache_keyword: str) -> None:
+        self.model, self.features, self.cache_keyword = model, features, cache_keyword
+
+
+def _step(stepper: _Stepper, input_ids: torch.Tensor, cache) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The compiled function: logits [1, n, V] of input_ids after the cached tokens, and the
+    inputs of the feature layers in that call (outputs of the graph, not writes into a tap)."""
+    logits = stepper.model(input_ids=input_ids, **{stepper.cache_keyword: cache}, use_cache=True).logits
+    return logits, stepper.features.take()
 
 
 class CompiledSteps(DecodePath):
@@ -92,7 +124,7 @@ class CompiledSteps(DecodePath):
 
     def __init__(self, model, *, step_sizes=CPU_STEP_SIZES, feature_layers: tuple[int, ...] = (),
                  warmup: bool = True, progress: bool = True, name: str | None = None,
-                 background: bool = False) -> None:
+                 background: bool = False, cache_dir=None) -> None:
         self.model = model.eval()
         self.name = name or model_name(model)
         # What the compiled steps run: the model's untapped twin, so no compile (on whatever thread)
@@ -106,18 +138,20 @@ class CompiledSteps(DecodePath):
         self.compiled = True
         self.fallback_reason: str | None = None
         self.warmup_s = 0.0
+        self._graphs: dict = {}  # step size -> its compiled function, filled by warm_up
+        self.loaded = 0  # how many of them came from the cache folder
         # Set once runners may take the compiled steps: at once, or when the background compile is done.
         self.ready = threading.Event()
         self._closed = False
         self._compiling: threading.Thread | None = None
         self._last_decoded = 0.0  # time.monotonic() of a runner's latest step
-        (self._cache_keyword,) = cache_kwargs(model, None)  # looked up here, not inside the compiled step
+        (cache_keyword,) = cache_kwargs(model, None)  # looked up here, not inside the compiled step
+        self._stepper = _Stepper(self.stepped, self._features, cache_keyword)
         allow_a_graph_per_shape()
-        options = dict(_INDUCTOR_OPTIONS)
-        if _SKIP_GUARDS_INSIDE_THE_MODEL is not None:
-            options["guard_filter_fn"] = _SKIP_GUARDS_INSIDE_THE_MODEL
+        self._cache = StepCache(cache_dir, model, self.feature_layers, _INDUCTOR_OPTIONS) if cache_dir else None
         try:
-            self._step = torch.compile(_with_own_code(self._logits), dynamic=True, options=options)
+            self._compiler = torch.compile(_step, dynamic=True, fullgraph=True,
+                                           options={**_INDUCTOR_OPTIONS, "guard_filter_fn": _no_guards})
         except Exception as error:  # torch.compile unavailable here
             self._fall_back(error)
         if background:
@@ -193,8 +227,14 @@ class CompiledSteps(DecodePath):
         if self._closed and _may_stop_in(frame):
             raise _Closed
 
+    @property
+    def shapes_ready(self) -> int:
+        """How many step sizes are compiled (or loaded) so far."""
+        return len(self._graphs)
+
     def warm_up(self, progress: bool = True) -> None:
-        """Compile every bucket now (with a progress bar), on a throwaway cache."""
+        """Compile (or load) every bucket now, with a progress bar, and run each once on a
+        throwaway cache."""
         from tqdm.auto import tqdm
 
         if not self.compiled:
@@ -211,7 +251,32 @@ class CompiledSteps(DecodePath):
                 runner.forward([PAD_TOKEN] * size)
                 runner.crop(_WARMUP_CONTEXT)
         self.warmup_s = time.perf_counter() - started
-        logger.info("compiled %d step shapes of %s in %.1f s", len(self.step_sizes), self.name, self.warmup_s)
+        how = f"loaded {self.loaded} from {self._cache.folder}" if self.loaded else "compiled"
+        logger.info("%d step shapes of %s in %.1f s (%s)", len(self.step_sizes), self.name, self.warmup_s, how)
+
+    def _load_or_compile(self, size: int, runner: CompiledRunner):
+        """The compiled function of steps of `size` tokens, at its first call: from the cache
+        folder, or compiled on `runner`'s cache (room reserved) and saved there."""
+        aot_compile = getattr(self._compiler, "aot_compile", None)
+        if aot_compile is None:  # torch.compile replaced by a plain wrapper (the tests' stand-in)
+            return self._compiler
+        if self._cache is None:
+            return _unguarded(self._compile(aot_compile, size, runner))
+        with self._cache.inductor_folder():
+            step = self._cache.load(size)
+            if step is not None:
+                self.loaded += 1
+                return _unguarded(step)
+            step = self._compile(aot_compile, size, runner)
+            self._cache.save(size, step)
+            return _unguarded(step)
+
+    def _compile(self, aot_compile, size: int, runner: CompiledRunner):
+        """The step of `size` tokens compiled ahead of its call (aot_compile), on runner's cache."""
+        # A float the step reads (an epsilon, a scale) would otherwise be traced as a symbol, and
+        # the trace then restarted with it a constant: every step traced twice.
+        with torch._dynamo.config.patch(specialize_float=True):
+            return aot_compile(((self._stepper, torch.full((1, size), PAD_TOKEN), runner.cache), {}))
 
     def bucket(self, tokens: int) -> int:
         """The step size that runs `tokens` tokens (the largest one for more)."""
@@ -226,17 +291,12 @@ class CompiledSteps(DecodePath):
         runner.reserve(size)
         padded = torch.tensor([token_ids + [PAD_TOKEN] * (size - len(token_ids))])
         try:
-            logits, features = self._step(padded, runner.cache)
+            graph = self._graphs.get(size) or self._graphs.setdefault(size, self._load_or_compile(size, runner))
+            logits, features = graph(self._stepper, padded, runner.cache)
         except Exception as error:
             self._fall_back(error)
             return None
         return logits[0, : len(token_ids)], self._features.by_layer(features)
-
-    def _logits(self, input_ids: torch.Tensor, cache) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """The compiled function: logits [1, n, V] of input_ids after the cached tokens, and the
-        inputs of feature_layers in that call (outputs of the graph, not writes into a tap)."""
-        logits = self.stepped(input_ids=input_ids, **{self._cache_keyword: cache}, use_cache=True).logits
-        return logits, self._features.take()
 
     def _fall_back(self, error: BaseException) -> None:
         if self.compiled:
@@ -283,16 +343,6 @@ def _lower_this_threads_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):
         pass
-
-
-def _with_own_code(method):
-    """The bound `method` on a copy of its code object. Dynamo keeps compiled graphs per code
-    object: with the guards inside the model skipped, another model of the same shape stepped
-    through shared code could be handed this one's graphs, built for other modules."""
-    function = method.__func__
-    copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
-                              function.__defaults__, function.__closure__)
-    return types.MethodType(copy, method.__self__)
 
 
 class CompiledRunner(CachedModel):

@@ -279,6 +279,10 @@ def _decode_path(decode_path: DecodePath, detailed: bool = False) -> str:
         return path
     if decode_path.fallback_reason:  # (a background compile fails long after the load's notes were written)
         path += f" (torch.compile failed: {decode_path.fallback_reason})"
+    elif decode_path.compiling:
+        path += f" ({_progress(decode_path)})"
+    elif getattr(decode_path, "loaded", 0):
+        path += " (loaded from the compile cache)"
     model = decode_path.model
     gguf = gguf_weight_summary(model)
     if gguf:
@@ -288,6 +292,11 @@ def _decode_path(decode_path: DecodePath, detailed: bool = False) -> str:
     if uses_lean_layers(model):
         path += ", lean decoder layers"
     return f"{path}, prepacked weights" if has_packed_layers(model) else path
+
+
+def _progress(steps) -> str:
+    """How far a background compile is: "2/4 step shapes ready"."""
+    return f"{getattr(steps, 'shapes_ready', 0)}/{len(steps.step_sizes)} step shapes ready"
 
 
 def unload(models: LoadedModels) -> None:

@@ -22,7 +22,7 @@ from .config import AUTO, ModelSpec, Preset, load_config
 from .load_errors import load_errors
 from .loaded import LoadedModels, ModelInfo
 from .quiet import quietly
-from .sources import LoadError, ResolvedSource, gguf_file, resolve, resolve_head
+from .sources import LoadError, ResolvedSource, cache_root, gguf_file, resolve, resolve_head
 
 __all__ = ["load_plain_target", "load_preset"]
 
@@ -264,7 +264,8 @@ def _cpu_runners(target, draft, setting: bool | str, notes: list[str], feature_l
     layers, where compiling pays most: 14.6 -> 8.4 ms a SmolLM2 step) in the background:
     decoding starts eagerly at once and takes the compiled steps from the first reply after
     they are ready, minutes later. Either way the steps also return the inputs of the target
-    layers `feature_layers` (an EAGLE head's), so its engines decode on them. A draft stays eager.
+    layers `feature_layers` (an EAGLE head's), so its engines decode on them, and are kept in
+    specdec's cache folder, where a later start loads them in seconds. A draft stays eager.
     """
     from ..decoding.compiled import CompiledSteps
     from ..kernels.lean_layers import uses_lean_layers
@@ -275,12 +276,13 @@ def _cpu_runners(target, draft, setting: bool | str, notes: list[str], feature_l
         return None
     if draft is not None:
         notes.append("draft: decoding eagerly (on CPU only the target's steps are compiled)")
+    kept = cache_root() / "compiled"
     if background:
-        steps = CompiledSteps(target, name="target", feature_layers=feature_layers, background=True)
+        steps = CompiledSteps(target, name="target", feature_layers=feature_layers, background=True, cache_dir=kept)
         notes.append(f"target: compiling {len(steps.step_sizes)} step shapes in the background, decoding "
                      "eagerly until then")
         return steps
-    return _noted(notes, "target", CompiledSteps(target, name="target", feature_layers=feature_layers))
+    return _noted(notes, "target", CompiledSteps(target, name="target", feature_layers=feature_layers, cache_dir=kept))
 
 
 def _noted(notes: list[str], role: str, steps):

@@ -1,0 +1,95 @@
+"""Compiled steps kept in a cache folder (specdec_core/decoding/step_cache.py): a second process
+loads them instead of tracing and compiling, and decodes the first process's tokens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from specdec_core.decoding.compiled import COMPILING, CompiledSteps
+from specdec_core.decoding.step_cache import StepCache, step_key
+from specdec_core.kernels.row_attention import use_row_exact_attention
+from specdec_core.presets.loaded import _decode_path
+from tests.test_row_attention import _int4_tiny_llama
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# One process: a tiny int4 Llama's steps compiled (or loaded) in `folder`, then greedy replies,
+# plain and with prompt lookup (verify steps), on them. Prints what it loaded, whether dynamo
+# traced anything, and the tokens.
+_DECODE = """
+import json, sys
+import torch
+from torch._dynamo.utils import counters
+from specdec_core import PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core.decoding.compiled import CompiledSteps
+from specdec_core.presets.loaded import _decode_path
+from specdec_core.kernels.row_attention import use_row_exact_attention
+from tests.test_row_attention import VOCAB, _int4_tiny_llama
+from tests.tiny_models import load_smollm2_tokenizer, random_eagle_head
+
+model = _int4_tiny_llama(seed=31)
+assert use_row_exact_attention(model) is None
+head = random_eagle_head(model, draft_vocab=VOCAB, seed=3)
+steps = CompiledSteps(model, step_sizes=(1, 4), feature_layers=head.layer_ids, progress=False, cache_dir=sys.argv[1])
+assert steps.compiled, steps.fallback_reason
+tokenizer = load_smollm2_tokenizer()
+prompt = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(5)).tolist() * 2
+params = SamplingParams(max_new_tokens=30)
+replies = {}
+for name, drafter in (("plain", None), ("lookup", PromptLookupDrafter())):
+    engine = SpeculativeEngine(model, tokenizer, drafter=drafter, draft_length=3, adaptive=False, make_runner=steps)
+    replies[name] = engine.generate(prompt, params).token_ids
+print(json.dumps({"loaded": steps.loaded, "traced": counters["stats"]["calls_captured"], "compiled": steps.compiled,
+                  "path": _decode_path(steps, detailed=True), "replies": replies}))
+"""
+
+
+def _decode_in_a_new_process(folder: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", _DECODE, str(folder)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_loads_the_compiled_steps_and_decodes_the_same_tokens(tmp_path):
+    first = _decode_in_a_new_process(tmp_path)
+    assert first["loaded"] == 0 and first["traced"] > 0  # compiled: nothing to load yet
+    assert len(list(tmp_path.glob("step-*.bin"))) == 2  # a file per step size
+    assert (tmp_path / "inductor").is_dir()  # inductor's built libraries kept beside them
+    second = _decode_in_a_new_process(tmp_path)
+    assert second["loaded"] == 2 and second["traced"] == 0 and second["compiled"]  # loaded, nothing traced
+    assert "(loaded from the compile cache)" in second["path"] and "loaded" not in first["path"]
+    assert second["replies"] == first["replies"]
+    assert first["replies"]["lookup"] == first["replies"]["plain"]  # speculation stays plain decoding
+
+
+def test_the_key_follows_the_models_structure_and_the_steps_outputs(tmp_path):
+    model = _int4_tiny_llama(seed=31)
+    same_shape = _int4_tiny_llama(seed=32)  # other weights: inputs of the graph, the same compiled code
+    key = step_key(model, (0, 1), {"cpp_wrapper": True})
+    assert step_key(same_shape, (0, 1), {"cpp_wrapper": True}) == key
+    assert step_key(model, (1,), {"cpp_wrapper": True}) != key  # other features returned
+    assert step_key(model, (0, 1), {"cpp_wrapper": False}) != key
+    model.model.layers[0].self_attn.scaling = 0.5  # a plain attribute a traced step reads
+    assert step_key(model, (0, 1), {"cpp_wrapper": True}) != key
+
+
+def test_an_unreadable_step_file_is_compiled_again(tmp_path):
+    cache = StepCache(tmp_path, _int4_tiny_llama(seed=31), (), {})
+    cache.path(1).write_bytes(b"not a compiled step")
+    assert cache.load(1) is None
+    assert cache.load(2) is None  # none saved
+
+
+def test_the_models_panel_shows_how_far_a_background_compile_is(tmp_path):
+    model = _int4_tiny_llama(seed=33)
+    assert use_row_exact_attention(model) is None
+    steps = CompiledSteps(model, step_sizes=(1, 4), background=True, cache_dir=tmp_path)
+    try:
+        assert _decode_path(steps, detailed=True).startswith(f"{COMPILING} (0/2 step shapes ready)")
+    finally:
+        steps.close()
+        steps.wait(120)
