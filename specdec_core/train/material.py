@@ -87,7 +87,7 @@ def _dedent(source: str) -> str:
 def debian_passages() -> tuple[tuple[str, str], ...]:
     """(topic, passage) pairs of prose from the DEBIAN_DOCS packages present here, each cut to
     MIN_WORDS..MAX_WORDS words (every fifth one to LONG_WORDS: users paste long text too)."""
-    passages = []
+    passages, seen = [], set()
     for package, (pattern, _licence, words) in sorted(DEBIAN_DOCS.items()):
         folder = DOC_ROOT / package
         copyright_file = folder / "copyright"
@@ -95,6 +95,9 @@ def debian_passages() -> tuple[tuple[str, str], ...]:
             continue  # absent here, or not under the licence we checked
         for path in sorted(folder.glob(pattern)):
             for paragraph in _prose_paragraphs(_read(path)):
+                if paragraph in seen:  # the same words in two files (a page and its summary)
+                    continue
+                seen.add(paragraph)
                 passages.append((f"{package}: {path.stem.split('.')[0].replace('_', ' ')}", paragraph))
     return tuple((topic, _cut(text, LONG_WORDS if i % 5 == 4 else MAX_WORDS)) for i, (topic, text) in enumerate(passages))
 
