@@ -59,7 +59,9 @@ def load_sequences(data_dir: Path, settings: DataSettings, tokenizer) -> tuple[l
 def shard_sequences(data_dir: Path, index: int) -> list[Sequence]:
     """Shard `index`'s sequences that are long enough to hold a draft chain."""
     rows = read_shard(shard_path(data_dir, index))
-    features = torch.load(features_path(data_dir, index), weights_only=True)
+    # mmap: the features stay in the file (the page cache) until a batch reads them, so data
+    # larger than memory (2M reply tokens with their prompts: about 15-30 GB) can be trained on.
+    features = torch.load(features_path(data_dir, index), weights_only=True, mmap=True)
     sequences = [
         Sequence(ids=torch.tensor(row["prompt_ids"] + row["reply_ids"]), aux=feature["aux"], final=feature["final"],
                  reply_start=len(row["prompt_ids"]), mode=row["mode"], family=row["family"], from_shard=row.get("from_shard"))
