@@ -98,6 +98,7 @@ def test_a_request_the_target_writes_is_kept_only_when_it_reads_as_a_new_request
     assert clean_request(" Request: How do I keep basil alive on a windowsill? ") == "How do I keep basil alive on a windowsill?"
     assert clean_request("Sure! Here is a new request for the assistant.") is None
     assert clean_request("and then the") is None  # unfinished
+    assert clean_request("上終萬物布目限 Cant Throw Rare Plates Head-butting 什麻.") is None
     seen: set = set()
     assert is_new("How do I keep basil alive on a windowsill?", seen)
     assert not is_new("how do I keep basil alive on a sunny windowsill?", seen)
