@@ -242,6 +242,19 @@ def test_the_entry_point_runs_as_a_module(tmp_path, tiny_config, data_work):
     assert (out / "model.safetensors").exists() and (out / "README.md").exists()
 
 
+def test_data_only_writes_the_shards_and_stops_and_the_same_command_then_trains_on_them(tmp_path, tiny_config, capsys):
+    out, work = tmp_path / "head", tmp_path / "work"
+    args = ["--preset", "tiny-train", "--config", str(tiny_config), "--out", str(out), "--work", str(work),
+            *QUICK_ARGS, "--prompts", "varied", "--threads", "1"]
+    assert main([*args, "--data-only"]) == 0
+    assert "wrote the data shards" in capsys.readouterr().err
+    assert shard_path(work / "data", 1).exists() and not (out / "model.safetensors").exists()
+    assert not (work / CHECKPOINT).exists()
+    written = shard_path(work / "data", 0).stat().st_mtime_ns
+    assert main(args) == 0  # the data is on disk: only the training runs
+    assert shard_path(work / "data", 0).stat().st_mtime_ns == written and (out / "model.safetensors").exists()
+
+
 def test_the_training_time_test_computes_what_drafting_step_by_step_computes():
     """Every chain's step j in the unrolled training forward equals drafting it one token at a
     time with the head's KV cache: real entries up to t, then the head's own outputs."""

@@ -12,12 +12,15 @@ import pytest
 
 from specdec_core.train.data import DataSettings, generate_data, held_out_shards, passage_prompts
 from specdec_core.train.passages import MAX_WORDS, MIN_WORDS, documentation_passages, passage_pool
+from specdec_core.train.material import code_snippets, debian_passages, material_licences, prose_pool
 from specdec_core.train.prompts import all_template_texts, derived_prompts, direct_prompts
+from specdec_core.train.varied import shard_plan, varied_template_texts
 from tests.tiny_models import require
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC_BENCH = REPO.parent / "shared" / "data" / "spec_bench_questions.jsonl"
 BENCH = REPO / "specdec_core" / "bench" / "data" / "questions.jsonl"
+EVERYDAY = REPO / "specdec_core" / "train" / "data" / "everyday_prompts.jsonl"
 RUN = 8
 
 
@@ -34,7 +37,16 @@ def _prompts() -> list[str]:
     texts = [p.text for seed in range(3) for p in direct_prompts(2000, seed)]
     texts += [p.text for p in derived_prompts([("volcanoes", "Volcanoes are openings in the crust.")] * 200, seed=0)]
     texts += [passage for _, passage in documentation_passages()]
-    return texts + all_template_texts()
+    texts += [passage for _, passage in debian_passages()] + [code for _, code in code_snippets()]
+    previous = [{"family": "writing", "text": "Write about tea.", "reply_ids": [1] * 20, "reply_text": "Tea is a drink."}] * 40
+    for index in range(20):
+        plan, requests = shard_plan(index, 256, previous, seed=index, held_out=index % 10 == 8)
+        texts += [p.text for p in plan] + [r["text"] for r in requests]
+    return texts + all_template_texts() + varied_template_texts()
+
+
+def _everyday() -> list[str]:
+    return [json.loads(line)["prompt"] for line in EVERYDAY.read_text().splitlines() if line.strip()]
 
 
 def test_no_prompt_overlaps_the_benchmark_questions():
@@ -45,6 +57,26 @@ def test_no_prompt_overlaps_the_benchmark_questions():
     question_texts = {" ".join(q.lower().split()) for q in questions}
     overlapping = [p for p in _prompts() if _shingles(p) & question_shingles or " ".join(p.lower().split()) in question_texts]
     assert not overlapping, overlapping[:3]
+
+
+def test_the_everyday_prompts_are_held_out_from_the_training_source_and_the_benchmarks():
+    everyday = _everyday()
+    assert 40 <= len(everyday) == len(set(everyday))
+    sources = _prompts()
+    source_shingles = set().union(*(_shingles(p) for p in sources))
+    source_texts = {" ".join(p.lower().split()) for p in sources}
+    require(SPEC_BENCH.exists(), f"the Spec-Bench questions are not at {SPEC_BENCH}")
+    questions = _question_turns(SPEC_BENCH) + _question_turns(BENCH)
+    question_shingles = set().union(*(_shingles(q) for q in questions))
+    for prompt in everyday:
+        assert not _shingles(prompt) & (source_shingles | question_shingles), prompt
+        assert " ".join(prompt.lower().split()) not in source_texts, prompt
+
+
+def test_every_source_of_pasted_material_is_under_a_recorded_licence():
+    licences = dict(material_licences())
+    assert all(licences.values()) and len(licences) >= 3
+    assert prose_pool(held_out=False) and not {p for _, p in prose_pool(True)} & {p for _, p in prose_pool(False)}
 
 
 def test_the_check_would_see_a_copied_question():

@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from ..cli import inform, run_guarded
-from .data import PASSAGE_SOURCES
+from .data import PASSAGE_SOURCES, PROMPT_SOURCES
 from .trainer import DATA_DTYPES, SAVE_DTYPES, TRAIN_DTYPES, TrainSettings, train
 
 
@@ -26,6 +26,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--passages", choices=PASSAGE_SOURCES, default=d.passages,
                    help="passages of the summarize / answer-from / translate prompts: the target's own writing, "
                         "or half of them human prose (Python's reference documentation)")
+    p.add_argument("--prompts", choices=PROMPT_SOURCES, default=d.prompts,
+                   help="the prompt source: template prompts, or a varied mix (pasted prose and code, requests and "
+                        "second turns the target writes itself; see docs/training.md)")
     p.add_argument("--data-dtype", choices=["target", *sorted(DATA_DTYPES)], default=d.data_dtype,
                    help="what writes the data: the target as it decodes, or its weights in bf16 (faster on CPUs with AMX)")
     p.add_argument("--train-dtype", choices=sorted(TRAIN_DTYPES), default=d.train_dtype,
@@ -40,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--save-dtype", choices=sorted(SAVE_DTYPES), default=d.save_dtype)
     p.add_argument("--max-minutes", type=float, help="stop training after this long and write the head")
     p.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument("--data-only", action="store_true", help="write the data shards and stop (rerun to resume)")
     return p
 
 
@@ -53,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         settings = TrainSettings(**{k: v for k, v in vars(args).items()}, command=shlex.join(["python", "-m", "specdec_core.train_eagle", *argv]))
         summary = train(settings)
+        if args.data_only:
+            inform(f"wrote the data shards in {settings.work_dir / 'data'}")
+            return 0
         final = summary["heldout_acceptance"]
         inform(f"wrote {args.out}: held-out acceptance by position {final['by_position']}, "
                f"mean accepted {final['mean_accepted']} at k={final['k']}")

@@ -11,6 +11,11 @@ continues after the last full shard.
 Shard i > 0 also holds prompts built on passages the target wrote in shard i-1 (summarize,
 answer from it, translate it), so those families read the target's own text. With
 `passages="mixed"`, half of those passages are human prose instead (train.passages).
+With `prompts="varied"`, a shard's prompts come from train.varied instead: templates, pasted
+prose and code, requests the target writes itself and second turns of the previous shard's
+conversations (the target writes those short texts first, in one batch).
+Replies are written by batch_generate (a static KV cache, finished rows leaving the batch), the
+same tokens `model.generate` writes on a greedy batch, several times faster on a CPU.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +31,8 @@ from pathlib import Path
 import torch
 
 from ..chat import chat_prompt_ids
-from .features import capture_features
+from . import varied
+from .batch_generate import generate_batch
 from .passages import passage_pool
 from .prompts import Prompt, derived_prompts, direct_prompts
 
@@ -34,6 +41,12 @@ MODES = ("greedy", "t0.7", "greedy", "t1.0")
 PASSAGE_TOKENS = 160  # a passage longer than this is cut (at a sentence end when there is one)
 PASSAGE_SOURCES = ("target", "mixed")  # passages the target wrote; half of them human prose instead
 SETTINGS_FILE = "data_settings.json"  # what a folder's shards were written with
+PROMPT_SOURCES = ("templates", "varied")  # prompts.py alone, or varied.py's mix
+# What writes a batch's replies, recorded with a folder's recipe: "static-batch" is
+# batch_generate; folders from before it were written by `model.generate` (its sampled replies
+# differ for the same seed).
+GENERATOR = "static-batch"
+RECIPE_DEFAULTS = {"prompts": "templates", "generator": "generate"}  # a record from before the key
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,7 @@ class DataSettings:
     max_new_tokens: int = 192
     seed: int = 0
     passages: str = "target"  # one of PASSAGE_SOURCES
+    prompts: str = "templates"  # one of PROMPT_SOURCES
 
 
 def shard_path(data_dir: Path, index: int) -> Path:
@@ -80,6 +94,7 @@ def generate_data(
     indices: list[int] | None = None,
     out_dir: Path | None = None,
     writer: str = "target",
+    report: Callable[[str], None] | None = None,
 ) -> list[Path]:
     """Write shards `indices` (default 0..settings.shards-1) that are not on disk yet; return their
     paths. `model_factory()` gives the model that writes them, called only when a shard is missing.
@@ -91,15 +106,25 @@ def generate_data(
     out_dir = Path(out_dir) if out_dir is not None else data_dir
     indices = list(range(settings.shards)) if indices is None else indices
     out_dir.mkdir(parents=True, exist_ok=True)
-    _claim(out_dir, {**asdict(settings), "layer_ids": list(layer_ids), "writer": writer})
-    model = None
+    _claim(out_dir, {**asdict(settings), "layer_ids": list(layer_ids), "writer": writer, "generator": GENERATOR})
+    model, seen = None, None
     for done, index in enumerate(indices, start=1):
         path = shard_path(out_dir, index)
         if not path.exists():
             model = model if model is not None else model_factory()
-            previous = read_shard(shard_path(data_dir, index - 1)) if index else []
-            prompts = _shard_prompts(index, previous, tokenizer, settings)
+            if out_dir != data_dir:  # written again by another model: the very same prompts
+                prompts = _prompts_of(read_shard(shard_path(data_dir, index)))
+            elif settings.prompts == "varied":
+                seen = seen if seen is not None else _requests_seen(data_dir, index)
+                prompts = _varied_prompts(model, tokenizer, index, data_dir, settings, seen)
+            else:
+                previous = read_shard(shard_path(data_dir, index - 1)) if index else []
+                prompts = _shard_prompts(index, previous, tokenizer, settings)
+            started = time.monotonic()
             rows, features = _generate_shard(model, tokenizer, prompts, index, settings, layer_ids)
+            if report:
+                seconds, tokens = time.monotonic() - started, sum(len(row["reply_ids"]) for row in rows)
+                report(f"shard {index}: {len(rows)} replies, {tokens} reply tokens in {seconds:.0f} s ({tokens / seconds:.0f} tokens/s)")
             temporary = features_path(out_dir, index).with_suffix(".pt.tmp")
             torch.save(features, temporary)
             os.replace(temporary, features_path(out_dir, index))
@@ -116,7 +141,7 @@ def _claim(out_dir: Path, recipe: dict) -> None:
     recipe = {k: v for k, v in recipe.items() if k != "shards"}
     path = out_dir / SETTINGS_FILE
     if path.exists():
-        refuse_other_settings(read_shard(path)[0], recipe, f"{out_dir} holds data shards written")
+        refuse_other_settings({**RECIPE_DEFAULTS, **read_shard(path)[0]}, recipe, f"{out_dir} holds data shards written")
     elif not any(out_dir.glob("shard-*.jsonl")):  # a folder from before the record: left unchecked
         _write_atomically(path, [recipe])
 
@@ -133,6 +158,47 @@ def _shard_prompts(index: int, previous: list[dict], tokenizer, settings: DataSe
     derived = passage_prompts(index, previous, tokenizer, settings)
     direct = direct_prompts(settings.per_shard - len(derived), seed=settings.seed * 1_000_003 + index)
     return derived + direct
+
+
+def _prompts_of(rows: list[dict]) -> list[Prompt]:
+    """The prompts a shard's rows were written for (conversations with their earlier turns)."""
+    return [
+        Prompt(row["family"], row.get("text", ""), row.get("topic", ""), tuple(map(tuple, row.get("history", ()))),
+               row.get("from_shard"), prompt_ids=row["prompt_ids"])
+        for row in rows
+    ]
+
+
+def _varied_prompts(model, tokenizer, index: int, data_dir: Path, settings: DataSettings, seen: set) -> list[Prompt]:
+    """Shard `index`'s prompts from the varied source: the target first writes the shard's
+    self-instruct requests and user turns (one short sampled batch), then they are filtered."""
+    seed = settings.seed * 1_000_003 + index
+    previous = read_shard(shard_path(data_dir, index - 1)) if index else []
+    for row in previous:
+        row["reply_text"] = tokenizer.decode(row["reply_ids"], skip_special_tokens=True)
+    held = index in held_out_shards(settings.shards)
+    plan, requests = varied.shard_plan(index, settings.per_shard, previous, seed, held)
+    written = []
+    if requests:
+        eos = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+        encoded = [chat_prompt_ids(tokenizer, [{"role": "user", "content": r["text"]}]) for r in requests]
+        for start in range(0, len(encoded), settings.batch_size):
+            replies, _ = generate_batch(model, encoded[start : start + settings.batch_size], max_new_tokens=varied.REQUEST_TOKENS,
+                                        eos=eos, pad=pad, temperature=varied.REQUEST_TEMPERATURE, seed=seed + start)
+            written += [tokenizer.decode(reply, skip_special_tokens=True) for reply in replies]
+    passages = passage_prompts(index, previous, tokenizer, DataSettings(settings.shards, settings.per_shard, seed=settings.seed))
+    return varied.assemble(plan, requests, written, seen, random.Random(seed), index, passages, settings.per_shard)
+
+
+def _requests_seen(data_dir: Path, index: int) -> set:
+    """The 4-word runs of the self-instruct requests of shards 0..index-1 (see varied.is_new)."""
+    seen: set = set()
+    for path in complete_shards(data_dir, index):
+        for row in read_shard(path):
+            if row["family"] == "self_instruct":
+                varied.is_new(row["text"], seen)
+    return seen
 
 
 def held_out_shards(count: int) -> set[int]:
@@ -168,7 +234,7 @@ def _passage(tokenizer, reply_ids: list[int]) -> str:
 def _generate_shard(
     model, tokenizer, prompts: list[Prompt], index: int, settings: DataSettings, layer_ids: tuple[int, ...]
 ) -> tuple[list[dict], list[dict]]:
-    encoded = [chat_prompt_ids(tokenizer, [{"role": "user", "content": p.text}]) for p in prompts]
+    encoded = [p.prompt_ids or chat_prompt_ids(tokenizer, p.messages()) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))  # similar lengths pad less
     rows, features = [], []
     for batch_number, start in enumerate(range(0, len(order), settings.batch_size)):
@@ -179,45 +245,30 @@ def _generate_shard(
             model, tokenizer, [encoded[i] for i in batch], mode, seed, settings.max_new_tokens, layer_ids
         )
         for i, reply, feature in zip(batch, replies, batch_features):
-            rows.append(
-                {"family": prompts[i].family, "topic": prompts[i].topic, "mode": mode,
-                 "prompt_ids": encoded[i], "reply_ids": reply}
-            )
+            row = {"family": prompts[i].family, "topic": prompts[i].topic, "mode": mode,
+                   "prompt_ids": encoded[i], "reply_ids": reply}
+            if settings.prompts == "varied":  # what the next shard's conversations and requests read
+                row["text"] = prompts[i].text
+                if prompts[i].history:
+                    row["history"] = prompts[i].history
+                if prompts[i].from_shard is not None:
+                    row["from_shard"] = prompts[i].from_shard
+            rows.append(row)
             features.append(feature)
     return rows, features
 
 
-@torch.no_grad()
 def _generate_batch(
     model, tokenizer, prompts: list[list[int]], mode: str, seed: int, max_new_tokens: int, layer_ids: tuple[int, ...]
 ) -> tuple[list[list[int]], list[dict]]:
-    """The target's replies to a batch of prompts, left-padded, each cut after its first eos,
-    and each sequence's features: {"aux": [n-1, 3H], "final": [n-1, H]} for its n = prompt +
-    reply tokens (the last token is never fed to the target, and no label needs it)."""
+    """The target's replies to a batch of prompts, each cut after its first eos, and each
+    sequence's features: {"aux": [n-1, 3H], "final": [n-1, H]} for its n = prompt + reply tokens
+    (the last token is never fed to the target, and no label needs it)."""
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    sampling = {"do_sample": False} if mode == "greedy" else {"do_sample": True, "temperature": float(mode[1:]), "top_k": 0, "top_p": 1.0}
-    torch.manual_seed(seed)
-    with capture_features(model, layer_ids) as calls:
-        output = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-            eos_token_id=eos, pad_token_id=pad, repetition_penalty=1.0, **sampling,
-        )
-    # Column c of the concatenated calls is what the target read at step c: the padded prompt,
-    # then each generated token but the last.
-    aux = torch.cat([call[0] for call in calls], dim=1)
-    final = torch.cat([call[1] for call in calls], dim=1)
-    replies, features = [], []
-    for b, row in enumerate(output[:, width:].tolist()):
-        cut = next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
-        replies.append(row[:cut])
-        first = width - len(prompts[b])
-        last = width + cut - 1  # positions 0 .. n-2 of the sequence
-        features.append({"aux": aux[b, first:last].clone(), "final": final[b, first:last].clone()})
-    return replies, features
+    temperature = 0.0 if mode == "greedy" else float(mode[1:])
+    return generate_batch(model, prompts, max_new_tokens=max_new_tokens, eos=eos, pad=pad, temperature=temperature,
+                          seed=seed, layer_ids=layer_ids)
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

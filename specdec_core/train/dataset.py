@@ -31,6 +31,7 @@ class Sequence:
     mode: str  # "greedy" | "t0.7" | "t1.0"
     family: str
     greedy: torch.Tensor | None = None  # [n-1] the target's greedy token after each position (evaluation only)
+    from_shard: int | None = None  # the shard whose replies its prompt builds on (varied prompts)
 
     @property
     def reply_tokens(self) -> int:
@@ -42,12 +43,14 @@ def load_sequences(data_dir: Path, settings: DataSettings, tokenizer) -> tuple[l
     held = held_out_shards(settings.shards)
     train, heldout = [], []
     for index in range(settings.shards):
+        # Varied prompts say which shard they build on; template ones are rebuilt to find out.
+        rebuild = index - 1 in held and settings.prompts == "templates"
         leaked = _prompts_on(held_rows=read_shard(shard_path(data_dir, index - 1)), index=index, tokenizer=tokenizer,
-                             settings=settings) if index - 1 in held else set()
+                             settings=settings) if rebuild else set()
         for sequence in shard_sequences(data_dir, index):
             if index in held:
                 heldout.append(sequence)
-            elif _prompt(sequence) not in leaked:
+            elif _prompt(sequence) not in leaked and sequence.from_shard not in held:
                 train.append(sequence)
     trained_prompts = {_prompt(sequence) for sequence in train}
     return train, [sequence for sequence in heldout if _prompt(sequence) not in trained_prompts]
@@ -56,10 +59,12 @@ def load_sequences(data_dir: Path, settings: DataSettings, tokenizer) -> tuple[l
 def shard_sequences(data_dir: Path, index: int) -> list[Sequence]:
     """Shard `index`'s sequences that are long enough to hold a draft chain."""
     rows = read_shard(shard_path(data_dir, index))
-    features = torch.load(features_path(data_dir, index), weights_only=True)
+    # mmap: the features stay in the file (the page cache) until a batch reads them, so data
+    # larger than memory (2M reply tokens with their prompts: about 15-30 GB) can be trained on.
+    features = torch.load(features_path(data_dir, index), weights_only=True, mmap=True)
     sequences = [
         Sequence(ids=torch.tensor(row["prompt_ids"] + row["reply_ids"]), aux=feature["aux"], final=feature["final"],
-                 reply_start=len(row["prompt_ids"]), mode=row["mode"], family=row["family"])
+                 reply_start=len(row["prompt_ids"]), mode=row["mode"], family=row["family"], from_shard=row.get("from_shard"))
         for row, feature in zip(rows, features, strict=True)
     ]
     return [sequence for sequence in sequences if sequence.reply_tokens >= 3]

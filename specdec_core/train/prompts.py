@@ -11,7 +11,7 @@ passage: those prompts are built from a passage the target itself wrote for an e
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TOPICS = [
     "volcanoes", "the water cycle", "honeybees", "the printing press", "black holes", "coral reefs",
@@ -246,6 +246,14 @@ class Prompt:
     family: str
     text: str
     topic: str = ""
+    # Earlier turns ((role, content), ...) when the prompt is a conversation's next user message.
+    history: tuple[tuple[str, str], ...] = ()
+    # The shard whose replies the prompt builds on (passages, conversations), if any.
+    from_shard: int | None = None
+    prompt_ids: list[int] | None = field(default=None, compare=False)  # when already encoded (a shard written again)
+
+    def messages(self) -> list[dict]:
+        return [*({"role": role, "content": content} for role, content in self.history), {"role": "user", "content": self.text}]
 
 
 def direct_prompts(count: int, seed: int) -> list[Prompt]:

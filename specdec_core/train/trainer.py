@@ -51,6 +51,7 @@ class TrainSettings:
     gen_batch: int = 32
     max_new_tokens: int = 192
     passages: str = "target"  # what summarize / answer-from / translate prompts read (data.PASSAGE_SOURCES)
+    prompts: str = "templates"  # the prompt source (data.PROMPT_SOURCES): prompts.py, or varied.py's mix
     # What writes the data: "target" (the target as it decodes) or "bfloat16" (its weights in bf16
     # on stock layers, see data_model: faster on CPUs with bf16 matrix units).
     data_dtype: str = "target"
@@ -67,10 +68,11 @@ class TrainSettings:
     save_dtype: str = "float16"
     max_minutes: float | None = None  # stop training (and write the head) after this long
     threads: int | None = None
+    data_only: bool = False  # write the data shards and stop (no training, no head)
     command: str = ""  # the command line, for the head's README
 
     # What may change between a run and its resumption without changing the result.
-    RESUMABLE = ("out", "work", "max_minutes", "threads", "command", "checkpoint_every")
+    RESUMABLE = ("out", "work", "max_minutes", "threads", "command", "checkpoint_every", "data_only")
 
     def fingerprint(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
@@ -86,7 +88,8 @@ class TrainSettings:
 
     @property
     def data_settings(self) -> DataSettings:
-        return DataSettings(self.shards, self.per_shard, self.gen_batch, self.max_new_tokens, self.seed, self.passages)
+        return DataSettings(self.shards, self.per_shard, self.gen_batch, self.max_new_tokens, self.seed, self.passages,
+                            self.prompts)
 
 
 @dataclass
@@ -102,7 +105,8 @@ class Progress:
 
 def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None:
     """Run (or continue) the whole training; returns the summary written to training.json, or
-    None when `stop_after` steps were reached first (how tests stand in for a killed run)."""
+    None when `stop_after` steps were reached first (how tests stand in for a killed run) or
+    with `data_only` once the data is written."""
     out = Path(settings.out)
     check_out(out)
     if settings.threads:
@@ -118,13 +122,16 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     data_dir = work / "data"
     with tqdm(total=settings.shards, desc="data shards", unit="shard") as bar:
         generate_data(lambda: data_model(settings, target), tokenizer, data_dir, settings.data_settings, layer_ids,
-                      progress=lambda done, total: bar.update(done - bar.n), writer=settings.data_dtype)
+                      progress=lambda done, total: bar.update(done - bar.n), writer=settings.data_dtype, report=bar.write)
     if settings.rewrites_heldout:
         held = sorted(held_out_shards(settings.shards))
         with tqdm(total=len(held), desc="held-out shards by the target", unit="shard") as bar:
             generate_data(lambda: target, tokenizer, data_dir, settings.data_settings, layer_ids,
-                          progress=lambda done, total: bar.update(done - bar.n), indices=held, out_dir=work / HELDOUT_BY_TARGET)
+                          progress=lambda done, total: bar.update(done - bar.n), indices=held, out_dir=work / HELDOUT_BY_TARGET,
+                          report=bar.write)
     data_seconds = time.monotonic() - started
+    if settings.data_only:
+        return None
     train_set, heldout = load_split(settings, tokenizer)
     if not train_set or not heldout:
         raise ValueError(f"{settings.shards} data shards leave no training or held-out sequences: use --shards 2 or more")

@@ -1,0 +1,115 @@
+"""Batched generation for the trainer's data: many prompts at once on a static KV cache, with the
+target's features captured on the way.
+
+Why not `model.generate`: on a 2-core CPU, the data is written at the speed of the batch's
+matmuls, so the batch should be large (64-256 rows), and then what `generate` does around them
+costs: a DynamicCache concatenates every layer's keys and values at every step (a copy that
+grows with the batch and the length), and rows that finished keep being computed until the
+longest reply ends. Here:
+
+- the KV cache is transformers' StaticCache, sized to the longest prompt + the reply cap and
+  written in place; the attention mask is built once (left padding hidden, every later slot
+  open: the causal mask hides the slots not written yet);
+- a row that wrote its eos leaves the batch: when a quarter of the rows are done, the cache,
+  the positions and the tokens are cut down to the rows still writing (so a batch costs about
+  what its replies' tokens cost, not its longest reply times its rows);
+- each step is one forward of the rows still writing, greedy or sampled from the full
+  distribution at a temperature, no per-row Python but the final assembly.
+
+The result is the one `generate` gives, token for token on a greedy batch (a test checks it
+against one prompt at a time), and the features are those a fresh forward of each finished
+sequence computes (a test checks that too).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from transformers import StaticCache
+
+from .features import capture_features
+
+# Cut the batch down to its writing rows once this share of them is done: often enough that
+# finished rows cost little, rarely enough that copying the cache does not (a copy costs about
+# one step of the rows it keeps).
+COMPACT_SHARE = 0.25
+
+
+@torch.no_grad()
+def generate_batch(
+    model, prompts: list[list[int]], *, max_new_tokens: int, eos: list[int], pad: int,
+    temperature: float = 0.0, seed: int = 0, layer_ids: tuple[int, ...] = (),
+) -> tuple[list[list[int]], list[dict]]:
+    """(replies, features) for a batch of prompt token lists. A reply ends after its first eos
+    token (kept) or at `max_new_tokens`. temperature 0 is greedy; above, sampling from the full
+    distribution (no top-k or top-p), seeded by `seed`. features[b] = {"aux": [n-1, 3H],
+    "final": [n-1, H]} fp16 for the n = prompt + reply tokens of row b (see features.py)."""
+    rows, width = len(prompts), max(len(p) for p in prompts)
+    length = width + max_new_tokens
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.ones(rows, length, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        mask[b, : width - len(p)] = 0  # left padding; later slots: the causal mask hides them
+    positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
+    generator = torch.Generator().manual_seed(seed)
+    eos_ids = torch.tensor(eos)
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    hidden = model.config.get_text_config().hidden_size
+    kept = length - 1 if layer_ids else 0  # no features asked for: none kept
+    aux = torch.zeros(rows, kept, len(layer_ids) * hidden, dtype=torch.float16)
+    final = torch.zeros(rows, kept, hidden, dtype=torch.float16)
+    replies = torch.full((rows, max_new_tokens), pad, dtype=torch.long)
+    ends = torch.full((rows,), max_new_tokens, dtype=torch.long)  # reply lengths, eos included
+    live = torch.arange(rows)  # original row of each row still in the batch
+    done = torch.zeros(rows, dtype=torch.bool)  # of the rows still in the batch
+
+    with capture_features(model, layer_ids) if layer_ids else nullcontext([]) as calls:
+        for step in range(max_new_tokens):
+            start = width + step - 1 if step else 0
+            output = model(
+                input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                use_cache=True, logits_to_keep=1,
+            )
+            if layer_ids:
+                step_aux, step_final = calls.pop()
+                aux[live, start : start + step_aux.shape[1]] = step_aux
+                final[live, start : start + step_final.shape[1]] = step_final
+            token = _next_token(output.logits[:, -1], temperature, generator)
+            replies[live, step] = token
+            newly = ~done & torch.isin(token, eos_ids)
+            ends[live[newly]] = step + 1
+            done |= newly
+            if bool(done.all()):
+                break
+            if done.float().mean() >= COMPACT_SHARE:
+                keep = (~done).nonzero().squeeze(1)
+                _keep_rows(cache, keep)
+                live, done, token, mask = live[keep], done[keep], token[keep], mask[keep]
+                positions = positions[keep]
+            input_ids = token[:, None]
+            positions = positions[:, -1:] + 1
+
+    texts, features = [], []
+    for b, prompt in enumerate(prompts):
+        cut = int(ends[b])
+        texts.append(replies[b, :cut].tolist())
+        first, last = width - len(prompt), width + cut - 1  # positions 0 .. n-2 of the sequence
+        features.append({"aux": aux[b, first:last].clone(), "final": final[b, first:last].clone()})
+    return texts, features
+
+
+def _next_token(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probabilities = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
+
+
+def _keep_rows(cache: StaticCache, keep: torch.Tensor) -> None:
+    """Cut every layer's keys and values down to rows `keep` (in that order). Every row sits at
+    the same cache position, so the layers' shared write position stays as it is."""
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False):
+            layer.keys = layer.keys.index_select(0, keep)
+            layer.values = layer.values.index_select(0, keep)
