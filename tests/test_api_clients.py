@@ -180,9 +180,9 @@ def test_a_request_without_sampling_fields_takes_the_models_generation_config(se
     received = []
     stream = SpeculativeEngine.stream
 
-    def recording(engine, prompt_ids, params):
+    def recording(engine, prompt_ids, params, *rest):
         received.append(params)
-        return stream(engine, prompt_ids, params)
+        return stream(engine, prompt_ids, params, *rest)
 
     monkeypatch.setattr(SpeculativeEngine, "stream", recording)
 
