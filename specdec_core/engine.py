@@ -231,13 +231,14 @@ class SpeculativeEngine:
     def _propose(self, call: _Call, k: int) -> Draft:
         """The drafter's draft of at most k tokens deep: a chain, or a tree of at most the
         call's tree_nodes tokens (ValueError for a drafter that breaks those bounds)."""
-        draft = self.drafter.propose_tree(call.context, k, call.tree_nodes, call.params, call.generator)
+        nodes = call.policy.tree_budget(call.tree_nodes)  # the policy sizes the tree by what it measured
+        draft = self.drafter.propose_tree(call.context, k, nodes, call.params, call.generator)
         if draft.parents is not None:
             check_parents(draft.parents)
-            if len(draft.parents) != len(draft.tokens) or len(draft.tokens) > call.tree_nodes or draft.depth > k:
+            if len(draft.parents) != len(draft.tokens) or len(draft.tokens) > nodes or draft.depth > k:
                 raise ValueError(f"the {self.drafter.name} drafter proposed a tree of {len(draft.tokens)} tokens, "
                                  f"{draft.depth} deep, with {len(draft.parents)} parents: at most "
-                                 f"{call.tree_nodes} tokens, {k} deep, one parent per token")
+                                 f"{nodes} tokens, {k} deep, one parent per token")
         return draft
 
     def _catch_up_drafter(self, call: _Call, lag: int) -> None:

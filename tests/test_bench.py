@@ -437,3 +437,27 @@ def test_architectures_are_data_read_as_numbers():
     assert all(isinstance(v, (int, float)) for v in numbers)
     with pytest.raises(ValueError, match="unknown architecture 'gpt-9'"):
         load_architecture("gpt-9")
+
+
+def test_ours_eagle_tree_verifies_trees_and_counts_acceptance_by_depth(tiny_app_config):
+    """ours-eagle-tree hands the engine no tree bound (the policy sizes trees), ours-eagle 0
+    (chains only); a tree round fills depths 1..its depth, not one position per node."""
+    from specdec_core.bench.methods import OURS_EAGLE, OURS_EAGLE_TREE, make_methods
+    from specdec_core.presets.loading import load_preset
+    from specdec_core.sampling import SamplingParams
+
+    assert OURS_EAGLE_TREE in METHODS
+    models = load_preset("tiny", tiny_app_config)
+    chain, tree = make_methods([OURS_EAGLE, OURS_EAGLE_TREE], models)
+    prompt = list(range(100, 120)) * 3
+    chain_run = timed_run(chain, prompt, SamplingParams(max_new_tokens=12))
+    assert chain.engine.stats.tree_rounds == 0
+    tree_run = timed_run(tree, prompt, SamplingParams(max_new_tokens=12))
+    stats = tree.engine.stats
+    assert tree_run.token_ids == chain_run.token_ids  # greedy: both are plain decoding's reply
+    assert stats.tree_rounds > 0 and stats.tree_nodes_verified > stats.tree_rounds
+    counts = RunTotals()
+    counts.add(tree_run)
+    assert counts.drafted_by_position == stats.drafted_by_position
+    assert len(counts.drafted_by_position) <= max(drafted for drafted, _ in tree_run.rounds)
+    assert counts.drafted_by_position[0] == sum(1 for drafted, _ in tree_run.rounds if drafted)

@@ -169,6 +169,11 @@ class CountedHead(EagleDrafter):
         self._drafted = bool(draft.tokens)
         return draft
 
+    def propose_tree(self, *args):  # alone on an eager target the head drafts trees
+        draft = super().propose_tree(*args)
+        self._drafted = bool(draft.tokens)
+        return draft
+
     def accepted(self, n: int) -> None:
         if self._drafted:
             self.proposals += 1

@@ -259,3 +259,34 @@ def test_layer_skip_samples_the_target_distribution(pair, smol_tokenizer, params
         stats = engine.generate(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=2, seed=seed)).stats
         drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
     assert 0 < accepted < drafted
+
+
+@pytest.mark.parametrize(
+    "draft_vocab, params",
+    [
+        ([0, 1, 2, 3, 4, 5, 6, 7], SamplingParams(temperature=1.0)),
+        ([6, 3, 7, 0, 4], SamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
+    ],
+    ids=["full-vocab-t1", "5-of-8-t0.7-topk5-topp0.9"],
+)
+def test_eagle_trees_sample_the_target_distribution(pair, smol_tokenizer, draft_vocab, params):
+    """The EAGLE head's dynamic trees (its most confident nodes, sent as a deterministic draft)
+    keep the target's distribution: chi-square over the first two tokens of the first round,
+    which drafts a tree two levels deep."""
+    target, _ = pair
+    head = Eagle3Head.random(target.config, draft_vocab_size=len(draft_vocab), seed=5)
+    head.set_draft_vocab(draft_vocab)
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=EagleDrafter(head), draft_length=2, adaptive=False)
+    exact = exact_two_token_distribution(target, engine.eos_ids, params)
+    counts, tree_rounds, kept = Counter(), 0, Counter()
+    for seed in range(RUNS):
+        run = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                             max_new_tokens=3, seed=seed)
+        result = engine.generate(PROMPT, run, tree_nodes=6)
+        counts[tuple(result.token_ids[:2])] += 1
+        tree_rounds += result.stats.tree_rounds
+        kept[result.stats.rounds[0][1]] += 1
+    assert chi_square_p_value(counts, exact) > 1e-3
+    assert tree_rounds >= RUNS  # every first round verified a tree
+    if len(draft_vocab) == VOCAB:  # (the 5-token vocabulary misses the warped target's few likely tokens)
+        assert {0, 1, 2} <= set(kept)  # rejected, one level kept, two kept: all happen

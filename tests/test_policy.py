@@ -294,3 +294,61 @@ def test_a_drafter_that_chooses_its_own_drafts_is_asked_every_round_for_the_long
 def test_a_drafter_that_chooses_still_gets_a_calibration_step_and_a_fixed_k():
     assert DraftLengthPolicy(k=5, drafter_chooses=True).next_draft_length(room=100) == 0
     assert DraftLengthPolicy(k=5, adaptive=False, drafter_chooses=True).next_draft_length(room=100) == 5
+
+
+# ---------------------------------------------------------------- tree sizes
+
+
+def _tree_policy(verify_s: dict[int, float]):
+    from specdec_core.policy import StepCosts, TreeSizePolicy
+
+    costs = StepCosts()
+    for tokens, seconds in verify_s.items():
+        costs.record_target(tokens, seconds)
+    return TreeSizePolicy(costs)
+
+
+def _measure(policy, allowed: int, tokens_by_budget: dict[int, float], nodes_by_budget: dict[int, int]):
+    """Run rounds until every budget was tried; each round keeps tokens_by_budget's path."""
+    for _ in range(len(policy.options(allowed))):
+        budget = policy.choose(allowed)
+        policy.record(nodes_by_budget[budget], round(tokens_by_budget[budget]) - 1, draft_s=0.001)
+
+
+def test_tree_budgets_try_each_size_then_keep_the_fastest():
+    from specdec_core.policy import TreeSizePolicy
+
+    assert TreeSizePolicy.options(16) == [0, 4, 8, 16] and TreeSizePolicy.options(12) == [0, 4, 8, 12]
+    assert TreeSizePolicy.options(1) == [0]
+    nodes = {0: 4, 4: 4, 8: 8, 16: 16}
+    # A GPU-like verify step (flat in the tokens it reads): the 16-node tree's extra depth pays.
+    flat = _tree_policy({1: 0.010, 5: 0.010, 9: 0.011, 17: 0.012})
+    _measure(flat, 16, {0: 2, 4: 2, 8: 3, 16: 4}, nodes)
+    assert flat.choose(16) == 16
+    # A CPU-like step (dear per token): the same acceptance, and the tree shrinks to a chain.
+    steep = _tree_policy({1: 0.010, 5: 0.016, 9: 0.030, 17: 0.060})
+    _measure(steep, 16, {0: 2, 4: 2, 8: 3, 16: 4}, nodes)
+    assert steep.choose(16) == 0
+
+
+def test_a_tree_that_stops_paying_is_revisited_and_dropped():
+    from specdec_core.policy.tree_size import REVISIT
+
+    policy = _tree_policy({1: 0.010, 5: 0.010, 9: 0.010, 17: 0.010})
+    nodes = {0: 4, 4: 4, 8: 8, 16: 16}
+    _measure(policy, 16, {0: 2, 4: 2, 8: 2, 16: 5}, nodes)
+    chosen = []
+    for _ in range(4 * REVISIT):
+        budget = policy.choose(16)
+        chosen.append(budget)
+        policy.record(nodes[budget], 0, draft_s=0.001)  # now nothing is kept, whatever the size
+    assert set(chosen) == {0, 4, 8, 16}  # every size re-measured by revisits
+    assert chosen[-1] != 16 and chosen[-REVISIT // 2:].count(16) <= 1  # the 16-node tree lost its lead
+
+
+def test_untimed_or_fixed_policies_take_the_largest_tree():
+    from specdec_core.policy import DraftLengthPolicy
+
+    assert DraftLengthPolicy(3, timed=False).tree_budget(16) == 16
+    assert DraftLengthPolicy(3, adaptive=False).tree_budget(12) == 12
+    assert DraftLengthPolicy(3).tree_budget(0) == 0

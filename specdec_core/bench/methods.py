@@ -1,7 +1,10 @@
 """The decoding methods the benchmark compares, timed alike and traced alike.
 
-ours-*  SpeculativeEngine with drafter none / model / prompt_lookup / eagle / hybrid / layer_skip
-        (the preset's draft length and adaptivity; layer_skip calibrates its layers as it is made).
+ours-*  SpeculativeEngine with drafter none / model / prompt_lookup / eagle / hybrid / medusa /
+        layer_skip (the preset's draft length and adaptivity; layer_skip calibrates its layers as
+        it is made); ours-eagle verifies chains only, ours-eagle-tree the EAGLE head's dynamic
+        trees sized by the policy (on a target path that verifies trees: eager or row-exact, not
+        compiled steps, where it equals ours-eagle).
 hf-*    Hugging Face `generate()`: plain greedy, assisted generation with the preset's draft as
         `assistant_model`, and prompt lookup (`prompt_lookup_num_tokens=10`).
 llamacpp  llama.cpp (llama-cpp-python) decoding the preset's GGUF file plainly and greedily: the
@@ -35,26 +38,30 @@ from ..events import RoundTally
 from ..sampling import SamplingParams
 
 OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lookup"
-OURS_EAGLE, OURS_HYBRID = "ours-eagle", "ours-hybrid"
+OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE = "ours-eagle", "ours-hybrid", "ours-eagle-tree"
 OURS_MEDUSA = "ours-medusa"
 OURS_LAYER_SKIP = "ours-layer-skip"
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "hf-generate", "hf-assisted", "hf-lookup"
 LLAMACPP = "llamacpp"
-METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, OURS_EAGLE, OURS_HYBRID, OURS_MEDUSA, OURS_LAYER_SKIP, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP)
-NEEDS_EAGLE_HEAD = (OURS_EAGLE, OURS_HYBRID)  # left out of the default methods when the preset has none
+METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE, OURS_MEDUSA, OURS_LAYER_SKIP, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP)
+NEEDS_EAGLE_HEAD = (OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE)  # left out of the default methods when the preset has none
 NEEDS_MEDUSA_HEADS = (OURS_MEDUSA,)  # likewise for Medusa heads
 LLAMACPP_INSTALL = "pip install llama-cpp-python (it compiles llama.cpp: a C++ compiler and cmake, a few minutes)"
 BASELINE_OF = {  # each speculative method's own plain decoding
     OURS_MODEL: OURS_BASELINE, OURS_LOOKUP: OURS_BASELINE, OURS_EAGLE: OURS_BASELINE, OURS_HYBRID: OURS_BASELINE,
-    OURS_MEDUSA: OURS_BASELINE, OURS_LAYER_SKIP: OURS_BASELINE, HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
+    OURS_EAGLE_TREE: OURS_BASELINE, OURS_MEDUSA: OURS_BASELINE, OURS_LAYER_SKIP: OURS_BASELINE, HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
 }
 NEEDS_DRAFT_MODEL = (OURS_MODEL, HF_ASSISTED)
 HF_LOOKUP_TOKENS = 10  # what HF's docs suggest and users copy
 _OURS_DRAFTER = {
     OURS_BASELINE: "none", OURS_MODEL: "model", OURS_LOOKUP: "prompt_lookup", OURS_EAGLE: "eagle", OURS_HYBRID: "hybrid",
+    OURS_EAGLE_TREE: "eagle",
     OURS_MEDUSA: "medusa",
     OURS_LAYER_SKIP: "layer_skip",
 }
+# The most nodes a round may verify as a tree (engine.stream's tree_nodes): 0 chains only; None:
+# the policy sizes them. Methods not named here verify chains, as they did before trees.
+_TREE_NODES = {OURS_EAGLE_TREE: None}
 
 
 @dataclass
@@ -73,6 +80,9 @@ class Run:
     # the whole run).
     ttft_s: float | None = None
     first_round_tokens: int = 1
+    # Rounds that drafted / kept at each depth (draft position), as the engine counted them: a
+    # tree round fills depths 1..its depth, not one position per node. None: from `rounds`.
+    by_depth: tuple[list[int], list[int]] | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -124,29 +134,41 @@ class RunTotals:
         self.drafted += tally.drafted
         self.accepted += tally.accepted
         self.rejections += tally.rejections
-        for drafted, accepted in run.rounds:
-            grow = drafted - len(self.drafted_by_position)
-            if grow > 0:
-                self.drafted_by_position += [0] * grow
-                self.accepted_by_position += [0] * grow
-            for position in range(drafted):
-                self.drafted_by_position[position] += 1
-            for position in range(accepted):
-                self.accepted_by_position[position] += 1
+        drafted_by_depth, accepted_by_depth = run.by_depth or _by_position(run.rounds)
+        grow = len(drafted_by_depth) - len(self.drafted_by_position)
+        if grow > 0:
+            self.drafted_by_position += [0] * grow
+            self.accepted_by_position += [0] * grow
+        for position, (drafted, accepted) in enumerate(zip(drafted_by_depth, accepted_by_depth)):
+            self.drafted_by_position[position] += drafted
+            self.accepted_by_position[position] += accepted
+
+
+def _by_position(rounds: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Chains' rounds drafted / kept at each draft position."""
+    longest = max((drafted for drafted, _ in rounds), default=0)
+    drafted_at, accepted_at = [0] * longest, [0] * longest
+    for drafted, accepted in rounds:
+        for position in range(drafted):
+            drafted_at[position] += 1
+        for position in range(accepted):
+            accepted_at[position] += 1
+    return drafted_at, accepted_at
 
 
 class OursMethod:
     """SpeculativeEngine with one drafter."""
 
-    def __init__(self, name: str, engine) -> None:
+    def __init__(self, name: str, engine, tree_nodes: int | None = 0) -> None:
         self.name, self.engine, self.target = name, engine, engine.target_model
+        self.tree_nodes = tree_nodes
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
         self.engine.forget()  # read the whole prompt, as generate() does: no reuse of the warm-up's cache
         # Sampled runs carry a seed (for Hugging Face's reproducibility); a seed would switch our
         # policy's cost gate off (reproducible draft lengths, drafting every round) where a chat,
         # which has no seed, drafts only when it pays: time what the chat runs.
-        return self.engine.generate(prompt_ids, replace(params, seed=None)).token_ids
+        return self.engine.generate(prompt_ids, replace(params, seed=None), self.tree_nodes).token_ids
 
 
 class HFMethod:
@@ -262,7 +284,7 @@ def make_methods(names: list[str], models, threads: int | None = None) -> list:
     methods = []
     for name in names:
         if name in _OURS_DRAFTER:
-            methods.append(OursMethod(name, models.make_engine(drafter=_OURS_DRAFTER[name])))
+            methods.append(OursMethod(name, models.make_engine(drafter=_OURS_DRAFTER[name]), _TREE_NODES.get(name, 0)))
         elif name in (HF_GENERATE, HF_ASSISTED, HF_LOOKUP):
             methods.append(HFMethod(name, models.target, models.tokenizer, models.draft))
         elif name == LLAMACPP:
@@ -298,7 +320,8 @@ def timed_run(method, prompt_ids: list[int], params: SamplingParams) -> Run:
         wall_s = time.perf_counter() - start
         stats = method.engine.stats
         return Run(method.name, token_ids, wall_s, list(stats.rounds), draft_s=stats.draft_s,
-                   ttft_s=stats.ttft_s, first_round_tokens=stats.first_round_tokens)
+                   ttft_s=stats.ttft_s, first_round_tokens=stats.first_round_tokens,
+                   by_depth=(list(stats.drafted_by_position), list(stats.accepted_by_position)))
     ends: list[float] = []
     with trace_forwards(method.target, ends) as calls:
         start = time.perf_counter()

@@ -10,10 +10,21 @@ accepted positions with the target's true features, as EAGLE does.
 Sampling: q is the head's distribution over its draft vocabulary, put on the target vocabulary
 through d2t (zero elsewhere) and warped exactly as the target's (sampling.probabilities), so the
 acceptance rule keeps the output distribution exact.
+
+Trees (propose_tree, EAGLE-2's dynamic tree): level by level, the `width` nodes of the newest
+level with the highest confidence (the product of the head's probabilities along their path) are
+fed to the head in one pass, each row attending to the head's cache and its own ancestors (a tree
+mask), and each gets its `width` likeliest children. Of every candidate the `nodes` most
+confident are kept; a child is never more confident than its parent, so they form a tree. The
+tree is a deterministic function of the head's probabilities: its tokens go to the target as a
+deterministic drafter's (q one-hot at each token), for which recursive rejection over siblings
+is exact, so sampled rounds keep the target's distribution too. The head's tree steps are
+cropped like the chain's: the accepted path's true features come back through observe().
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +34,8 @@ from ..decoding.eager import cache_memory_bytes, growing_cache, shared_prefix_le
 from ..sampling import SamplingParams, probabilities, sample
 from ..drafter import NO_DRAFT, Draft, Drafter
 from .eagle_head import Eagle3Head
+
+TREE_WIDTH = 4  # children per expanded node, and nodes expanded per level (EAGLE-2 uses 8-10 on a GPU)
 
 _HEAD_FILES = ["config.json", "*.safetensors", "pytorch_model.bin"]
 
@@ -128,6 +141,21 @@ class EagleDrafter(Drafter):
         self._cache_crop(self._pairs)  # the draft steps read the head's own guesses: drop them
         return Draft(tokens, torch.stack(dists) if dists else None)
 
+    def propose_tree(
+        self, context: list[int], k: int, nodes: int, params: SamplingParams, generator: torch.Generator
+    ) -> Draft:
+        """EAGLE-2's dynamic tree of at most `nodes` tokens, k deep (see the module docstring);
+        the chain when trees are off (nodes < 2) or the tree could only be a chain (k < 2)."""
+        if nodes < 2 or k < 2:
+            return self.propose(context, k, params, generator)
+        self._read(context, self._readable(context))
+        if self._blind or self._pairs == 0 or self._pairs < len(context) - 1:
+            return NO_DRAFT
+        with torch.inference_mode():
+            candidates = self._grow_tree(k, min(TREE_WIDTH, nodes), params)
+        self._cache_crop(self._pairs)  # the tree steps read the head's own guesses: drop them
+        return _best_subtree(candidates, nodes)
+
     def memory_bytes(self) -> int:
         """Bytes of the head's KV cache now."""
         return cache_memory_bytes(self._cache)
@@ -185,6 +213,57 @@ class EagleDrafter(Drafter):
         if surplus > 0:
             self._cache.crop(-surplus)
 
+    def _grow_tree(self, depth: int, width: int, params: SamplingParams) -> list[_Node]:
+        """Every candidate node of a tree `depth` levels deep: each level's `width` most
+        confident nodes are expanded (one head pass over them), `width` children each."""
+        candidates: list[_Node] = []
+        level = self._children(None, self._last_out, width, params, candidates)
+        for level_depth in range(1, depth):
+            expand = sorted(level, key=lambda n: -n.log_conf)[:width]
+            outs = self._feed_level(expand, candidates, level_depth)
+            level = []
+            for node, out in zip(expand, outs):
+                level += self._children(node, out, width, params, candidates)
+        return candidates
+
+    def _children(self, parent: _Node | None, out: torch.Tensor, width: int, params: SamplingParams,
+                  candidates: list[_Node]) -> list[_Node]:
+        """The `width` likeliest next tokens after `parent`'s path (None: the context), added to
+        `candidates`. Sampling ranks by the head's warped distribution, the one it would draw from."""
+        logits = self.head.logits(out).float()
+        log_q = torch.log_softmax(logits, -1) if params.greedy else torch.log(probabilities(logits, params))
+        top = torch.topk(log_q, width)
+        base = parent.log_conf if parent is not None else 0.0
+        children = []
+        for value, draft_id in zip(top.values.tolist(), top.indices.tolist()):
+            if value == float("-inf"):
+                break  # outside top-k/top-p: the target would never keep it
+            children.append(_Node(len(candidates), int(self._target_ids[draft_id]), parent, base + value))
+            candidates.append(children[-1])
+        return children
+
+    def _feed_level(self, level: list[_Node], candidates: list[_Node], depth: int) -> torch.Tensor:
+        """One head pass over a level's nodes (all `depth` deep): each reads its token and its
+        parent's output at position pairs + depth - 1, attending to the head's cache of real pairs
+        and to its ancestors' rows of this tree. Returns their outputs [len(level), H]."""
+        past = self._cache.get_seq_length()
+        device = self.head.device
+        mask = torch.zeros(1, 1, len(level), past + len(level), dtype=torch.bool, device=device)
+        mask[..., : self._pairs] = True
+        for row, node in enumerate(level):
+            node.column = past + row
+            ancestor = node
+            while ancestor is not None and ancestor.column is not None:
+                mask[0, 0, row, ancestor.column] = True
+                ancestor = ancestor.parent
+        hidden = torch.stack([n.parent.out if n.parent is not None else self._last_out for n in level])
+        embeds = self._embed(torch.tensor([[n.token for n in level]], device=device))
+        positions = torch.full((1, len(level)), self._pairs + depth - 1, device=device)
+        outs = self.head(embeds, hidden[None], self._cache, position_ids=positions, attention_mask=mask)[0]
+        for node, out in zip(level, outs):
+            node.out = out
+        return outs
+
     def _choose(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
         """One draft token (a target id) and its [V_target] distribution (None when greedy)."""
         if params.greedy:
@@ -193,6 +272,38 @@ class EagleDrafter(Drafter):
         on_target[self._target_ids] = logits  # q = 0 on tokens outside the draft vocabulary
         dist = probabilities(on_target.float(), params)
         return sample(dist, generator), dist
+
+
+@dataclass(eq=False)
+class _Node:
+    """A candidate tree node: its index among the candidates, target token, parent (None: the
+    context), log confidence (summed log q along its path), and once fed to the head its output
+    and its column in the head's cache."""
+
+    index: int
+    token: int
+    parent: _Node | None
+    log_conf: float
+    out: torch.Tensor | None = None
+    column: int | None = None
+
+
+def _best_subtree(candidates: list[_Node], nodes: int) -> Draft:
+    """The `nodes` most confident candidates as a Draft tree (parents before children). A node
+    is never more confident than its parent, and among equals the shallower, earlier one wins,
+    so every kept node's parent is kept."""
+    def depth(node: _Node) -> int:
+        return 0 if node.parent is None else 1 + depth(node.parent)
+
+    best = sorted(candidates, key=lambda n: (-n.log_conf, depth(n), n.index))[:nodes]
+    order: dict[int, int] = {}
+    ranked = []
+    for node in sorted(best, key=lambda n: (depth(n), n.index)):  # topological: by depth
+        if node.parent is None or id(node.parent) in order:  # always, but for rounding: never an orphan
+            order[id(node)] = len(ranked)
+            ranked.append(node)
+    parents = [order[id(n.parent)] if n.parent is not None else -1 for n in ranked]
+    return Draft([n.token for n in ranked], None, parents)
 
 
 class _Rows:

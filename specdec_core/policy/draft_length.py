@@ -28,6 +28,7 @@ from ..theory import expected_tokens_by_length
 from .acceptance import AcceptanceByPosition
 from .bounds import DEFAULT_DRAFT_LENGTH, DRAFT_LENGTH_BOUNDS, MAX_DRAFT_LENGTH, MIN_DRAFT_LENGTH
 from .costs import StepCosts
+from .tree_size import TreeSizePolicy
 
 _EXPLORATION_SHARE = 0.02  # of plain decoding time, what probes of a non-paying draft may lose
 _CHEAP = 0.05  # a drafter costing under this share of a target step per token is "free"
@@ -68,6 +69,7 @@ class DraftLengthPolicy:
             self.costs = StepCosts(timed=False)
         # A k the caller asks for explicitly is always reachable.
         self.lowest, self.highest = min(self.lowest, self.k), max(self.highest, self.k)
+        self.trees = TreeSizePolicy(self.costs, self.adaptive)  # sizes tree drafts by the same costs
 
     def next_draft_length(self, room: int, lag: int = 0) -> int:
         """Drafts to ask for this round (0: a plain step). `room`: tokens the reply may still
@@ -127,6 +129,8 @@ class DraftLengthPolicy:
         acceptance by position is counted over); a chain's depth is its length."""
         self.costs.record_target(drafted + 1, verify_s)
         self.costs.record_draft(drafted, draft_s)
+        if drafted:
+            self.trees.record(drafted, accepted, draft_s)
         if not self.adaptive:
             return
         if drafted == 0:
@@ -146,10 +150,15 @@ class DraftLengthPolicy:
     def tree_nodes(self, asked: int | None, verifiable: int) -> int:
         """The most draft nodes a round may verify as a tree this generation (0: chains only):
         what the request asked for, within what the target's runner verifies (`verifiable`).
-        Unasked, as many as the longest chain's verify step reads: sizing trees by the measured
-        cost per node count is still to come (issue 49)."""
+        Unasked, as many as the longest chain's verify step reads. Each round's own budget,
+        within this bound, is tree_budget's."""
         wanted = DRAFT_LENGTH_BOUNDS[1] if asked is None else asked
         return max(0, min(wanted, verifiable))
+
+    def tree_budget(self, allowed: int) -> int:
+        """The node budget of this drafting round's tree, at most `allowed` (0: a chain), by the
+        measured tokens per second of each budget (tree_size.py)."""
+        return self.trees.choose(allowed)
 
     def _round_s(self, k: int) -> float:
         """Measured (or interpolated) time of a round that drafts k tokens and verifies them."""
