@@ -9,13 +9,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.exposition import choose_encoder
 
-if TYPE_CHECKING:
-    from .completion import Completion
+
+class EndedReply(Protocol):
+    """What the metrics read of a reply as it ends (a serve.completion.Completion)."""
+
+    models: Any  # LoadedModels: .preset.name labels the series
+    drafter: str
+    finish_reason: str | None
+    stats: Any  # events.Stats
+    prompt_ids: list[int]
+    completion_tokens: int
+    arrived: float
+    first_token_at: float | None
+    last_token_at: float | None
+
 
 # The `_created` timestamp series prometheus_client adds to every counter and histogram double
 # the output and no dashboard reads them (vLLM turns them off too). The switch is the library's
@@ -64,7 +76,7 @@ class ServerMetrics:
             Gauge("vllm:num_requests_waiting", "Generations (API requests and UI replies) waiting for the device.",
                   registry=self.registry).set_function(waiting)
 
-    def record(self, reply: Completion) -> None:
+    def record(self, reply: EndedReply) -> None:
         """Count one completion, once, when it ends (finished, cut short, or failed)."""
         labels = {"model_name": reply.models.preset.name, "drafter": reply.drafter}
         # A reply the engine did not end (the client left, the generation failed) is an abort.
@@ -92,7 +104,7 @@ class ServerMetrics:
         return encode(self.registry), content_type
 
 
-def _latencies(reply: Completion) -> tuple[float | None, float | None, float]:
+def _latencies(reply: EndedReply) -> tuple[float | None, float | None, float]:
     """Time to first token, mean time per token after it (None without two tokens), and the
     time from arrival to the last token (to now, for a reply that gave none)."""
     first, last = reply.first_token_at, reply.last_token_at
