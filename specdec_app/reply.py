@@ -265,13 +265,18 @@ def calibrate(models: LoadedModels, book: S.BaselineBook) -> None:
     preset = models.preset.name
     if book.has(preset, S.CALIBRATION):
         return
+    engine = models.engine(drafter="none")
     try:
         prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": CALIBRATION_PROMPT}])
-        engine = models.engine(drafter="none")
         stats = engine.generate(prompt, SamplingParams(max_new_tokens=CALIBRATION_TOKENS)).stats.as_dict()
     except Exception:  # noqa: BLE001 - the chat must work without a calibration
         log.exception("plain-decoding calibration of %s failed", preset)
         return
+    finally:
+        # A measurement must not change what follows: had the first reply reused the
+        # calibration's cached system prompt, it would read its prompt in other calls than a
+        # fresh process (the CLI, the API's first request) and could part from it at a tie.
+        engine.forget()
     rate = S.BaselineRate.of_reply(stats, S.CALIBRATION, len(prompt), time.time())
     book.record(preset, rate)
     if rate is not None:

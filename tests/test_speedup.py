@@ -308,3 +308,22 @@ def test_reply_history_writes_its_own_file():
     assert path.endswith("reply-history.csv") and history.csv_file() == path
     assert S.ReplyHistory().csv_file() != path  # another session, another folder
     assert open(path).read().count("\n") == 2
+
+
+def test_the_load_calibration_leaves_no_cache_behind_so_the_first_reply_reads_as_a_fresh_process(tiny_presets):
+    """The calibration's plain reply shares the chat template's system prompt with every first
+    message; were it kept, the first reply would read its prompt in other calls than the CLI or
+    the API's first request do (and could part from them at a tie of two logits)."""
+    from specdec_app.reply import calibrate
+    from specdec_core import SamplingParams
+    from specdec_core.chat import chat_prompt_ids
+    from specdec_core.presets.loading import load_preset
+
+    models = load_preset("tiny", tiny_presets.config)
+    book = S.BaselineBook()
+    calibrate(models, book)
+    assert book.has("tiny", S.CALIBRATION)
+    assert not any(models.cache_bytes().values())
+    prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content": "List three colours of the rainbow."}])
+    engine = models.engine(drafter="prompt_lookup")
+    assert engine.generate(prompt, SamplingParams(max_new_tokens=8)).stats.prompt_tokens_read == len(prompt)
