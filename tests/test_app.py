@@ -25,7 +25,7 @@ from specdec_app import render as R
 from specdec_app.settings import CONTROLS
 from specdec_core import SamplingParams
 from specdec_core.chat import chat_prompt_ids
-from tests.conftest import free_port
+from tests.conftest import TREE_MESSAGE, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SPAN = re.compile(r'<span class="tok tok-(\w+)" style="[^"]*">(.*?)</span>', re.S)
@@ -511,18 +511,23 @@ def tree_view_nodes(markup: str) -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.parametrize("drafter", ["medusa", "eagle"])
-def test_a_tree_reply_shows_its_last_tree_round_and_the_tree_size(client, app_server, drafter):
-    """Medusa's candidate trees and EAGLE's dynamic trees on the tiny preset: #tree draws the
-    engine's last tree round (every node, the kept path in the draft colour, the target's own
-    token in its source's, the rest rejected), the panel gives the trees' size and the live
-    theory line predicts from the per-node acceptance; a chain reply after it clears the view."""
-    message = "Count with me: one two three four five six"
-    job = send(client, message, drafter=drafter, adaptive=False, max_new_tokens=24)
-    final = outputs(job)
-    engine = app_server.holder.models.engine(drafter=drafter, draft_length=4, adaptive=False)
+def test_a_tree_reply_shows_its_last_tree_round_and_the_tree_size(tree_app_server, drafter):
+    """Medusa's candidate trees (heads fitted to this reply: paths are kept) and EAGLE's dynamic
+    trees (a random head: all but always rejected) on the tiny preset: #tree draws the engine's
+    last tree round (every node, the kept path in the draft colour, the target's own token in its
+    source's, the rest rejected), the panel gives the trees' size and the live theory line
+    predicts from the per-node acceptance; a chain reply after it clears the view."""
+    client = Client(tree_app_server.url, verbose=False)
+    # A one-token reply first: its round is a plain step, which the prediction is priced in
+    outputs(send(client, "hi", drafter=drafter, adaptive=False, max_new_tokens=1))
+    client = Client(tree_app_server.url, verbose=False)  # a new session: the tree reply is a first turn
+    final = outputs(send(client, TREE_MESSAGE, drafter=drafter, adaptive=False, max_new_tokens=24))
+    engine = tree_app_server.holder.models.engine(drafter=drafter, draft_length=4, adaptive=False)
     tree, tokenizer = engine.stats.last_tree, engine.tokenizer
     assert tree is not None and engine.stats.tree_rounds > 0
-    expected = reference_reply(app_server, [{"role": "user", "content": message}])
+    if drafter == "medusa":
+        assert engine.stats.tree_accepted_depth > 0 and tree.path  # the view has a kept path to show
+    expected = reference_reply(tree_app_server, [{"role": "user", "content": TREE_MESSAGE}])
     assert "".join(text for _, text in token_spans(final["chat"][1])) == expected.text  # trees stay lossless
     items = tree_view_nodes(final["tree"])
     nodes = [item for item in items if "tree-node" in item[0]]
