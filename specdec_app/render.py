@@ -241,7 +241,9 @@ def acceptance_frame(stats: Mapping | None) -> pd.DataFrame:
 # borrowed; dimmed and struck through, with a dashed outline to keep a blank token visible.
 _REJECTED_STYLE = ("color:#6b7280;opacity:0.55;text-decoration:line-through;border:1px dashed #9ca3af;"
                    "border-radius:2px;white-space:pre")
-_TREE_LIST_STYLE = "list-style:none;margin:0;padding-left:1.1em;border-left:1px solid #d1d5db"
+# font-size inherit: the page's own list styles shrink nested lists, and a tree nests deep
+_TREE_LIST_STYLE = "list-style:none;margin:0;padding-left:1.1em;border-left:1px solid #d1d5db;font-size:inherit"
+_TREE_ITEM_STYLE = "margin:0;padding:0;font-size:inherit"
 
 
 def tree_text(text: str) -> str:
@@ -270,23 +272,25 @@ def tree_html(pieces: Sequence[str] | None, parents: Sequence[int] = (), path: S
     def branch(parent: int) -> str:
         items = []
         for node in children.get(parent, []):
+            shown = tree_text(pieces[node])
             if node in kept:
-                chip = token_span(tree_text(pieces[node]), "draft")
-                items.append(f'<li class="tree-node tree-path tree-kept">{chip}{branch(node)}</li>')
+                kind, chip = "tree-path tree-kept", token_span(shown, "draft")
             else:
-                chip = f'<span class="tree-rejected" style="{_REJECTED_STYLE}">{html.escape(tree_text(pieces[node]))}</span>'
-                items.append(f'<li class="tree-node tree-rejected-branch">{chip}{branch(node)}</li>')
+                kind = "tree-rejected-branch"
+                chip = f'<span class="tree-rejected" style="{_REJECTED_STYLE}">{html.escape(shown)}</span>'
+            items.append(f'<li class="tree-node {kind}" style="{_TREE_ITEM_STYLE}">{chip}{branch(node)}</li>')
         if parent == last and closing is not None:
             text, source = closing
             chip = token_span(tree_text(text), source)
-            items.append(f'<li class="tree-path tree-target" title="the target\'s own token">{chip}</li>')
+            items.append(f'<li class="tree-path tree-target" style="{_TREE_ITEM_STYLE}" title="the target\'s own token">'
+                         f'{chip}</li>')
         return f'<ul style="{_TREE_LIST_STYLE}">{"".join(items)}</ul>' if items else ""
 
     depth = _depth(parents)
     rejected = len(pieces) - len(kept)
     head = (f"<b>Last tree round</b>: {len(pieces)} nodes, {depth} deep · the target kept a path of "
             f"{len(kept)} and added its own token · {rejected} rejected node{'s' if rejected != 1 else ''} dimmed")
-    return (f'<div class="tree-view" style="font-size:0.85em;line-height:1.6">'
+    return (f'<div class="tree-view" style="font-size:0.85rem;line-height:1.6">'
             f'<div class="tree-head">{head}</div>'
             f'<div class="tree-root" style="color:#6b7280">▸ the reply so far</div>{branch(-1)}</div>')
 
