@@ -189,7 +189,8 @@ def reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: thr
     baseline_reply = settings.baseline and not settings.compare
     mode = settings.mode()
     engine = engine_for(models, settings, baseline=baseline_reply)
-    live = LiveSpeedup(meter.book, preset, context, engine, baseline_reply)
+    live = LiveSpeedup(meter.book, preset, context, engine, baseline_reply,
+                       plain=engine_for(models, settings, baseline=True))
     spec_points: list[tuple[float, int]] = []
     chart = S.Throttle(PLOT_INTERVAL_S, time.monotonic)
 
@@ -256,9 +257,13 @@ class LiveSpeedup:
     """The #speedup-live figure of one reply: the plain rate it is compared with (chosen afresh
     at each update, as the engine's plain steps are measured) and Leviathan's prediction."""
 
-    def __init__(self, book: S.BaselineBook, preset: str, context: int, engine, baseline_reply: bool) -> None:
+    def __init__(self, book: S.BaselineBook, preset: str, context: int, engine, baseline_reply: bool,
+                 plain=None) -> None:
+        """plain: the engine that decodes the same target plainly (the calibration's, side by
+        side's baseline half's), whose measured plain step prices the prediction when this
+        engine never took one (every round drafted)."""
         self.book, self.preset, self.context, self.engine = book, preset, context, engine
-        self.baseline_reply = baseline_reply
+        self.baseline_reply, self.plain = baseline_reply, plain
         self.step_before = engine.measured_plain_step_s()  # a plain step measured before this reply
         self.rate: S.BaselineRate | None = None
 
@@ -273,8 +278,16 @@ class LiveSpeedup:
             return S.live_markdown(stats, None, None, now, baseline_reply=True)
         self.rate = self.book.choose(self.preset, self.context, self._plain_step(now))
         counts = self.engine.stats.tally()  # the engine's own record of this reply's rounds
-        prediction = S.predict(counts, stats, self.engine.step_s, self.engine.stats.node_acceptance)
-        return S.live_markdown(stats, self.rate, prediction, now, counts=counts, step_s=self.engine.step_s(1))
+        prediction = S.predict(counts, stats, self._step_s, self.engine.stats.node_acceptance)
+        return S.live_markdown(stats, self.rate, prediction, now, counts=counts, step_s=self._step_s(1))
+
+    def _step_s(self, tokens: int) -> float | None:
+        """A target forward over `tokens` tokens as this engine measured it; a plain step it
+        never took from the plain engine of the same target (one target, one machine)."""
+        step = self.engine.step_s(tokens)
+        if step is None and tokens == 1 and self.plain is not None:
+            step = self.plain.measured_plain_step_s()
+        return step
 
     def finish(self, stats: dict, sources: list[str]) -> str:
         """The final figure; then what this reply measured goes into the book for later ones."""

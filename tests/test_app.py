@@ -518,9 +518,6 @@ def test_a_tree_reply_shows_its_last_tree_round_and_the_tree_size(tree_app_serve
     source's, the rest rejected), the panel gives the trees' size and the live theory line
     predicts from the per-node acceptance; a chain reply after it clears the view."""
     client = Client(tree_app_server.url, verbose=False)
-    # A one-token reply first: its round is a plain step, which the prediction is priced in
-    outputs(send(client, "hi", drafter=drafter, adaptive=False, max_new_tokens=1))
-    client = Client(tree_app_server.url, verbose=False)  # a new session: the tree reply is a first turn
     final = outputs(send(client, TREE_MESSAGE, drafter=drafter, adaptive=False, max_new_tokens=24))
     engine = tree_app_server.holder.models.engine(drafter=drafter, draft_length=4, adaptive=False)
     tree, tokenizer = engine.stats.last_tree, engine.tokenizer
@@ -545,6 +542,19 @@ def test_a_tree_reply_shows_its_last_tree_round_and_the_tree_size(tree_app_serve
     # the next reply verifies chains: its first update clears the view
     updates = [dict(zip(OUT, update)) for update in send(client, "And now?", drafter="prompt_lookup")]
     assert updates[0]["tree"] == "" and "Tree size" not in updates[-1]["stats"]
+
+
+def test_side_by_side_with_trees_is_lossless_and_predicted_from_the_trees(tree_app_server):
+    """Side by side with Medusa's trees: the same greedy text in both panes, the tree view of the
+    speculative half, and the live line priced by the per-node acceptance (every round drafted a
+    tree: the plain step comes from the baseline half's engine, same target)."""
+    client = Client(tree_app_server.url, verbose=False)
+    final = outputs(send(client, TREE_MESSAGE, compare=True, drafter="medusa", adaptive=False))
+    base = "".join(text for _, text in token_spans(final["chat_baseline"][1]))
+    assert base == "".join(text for _, text in token_spans(final["chat"][1]))
+    assert "outputs identical ✓" in final["speedup"]
+    assert {cls for cls, _, _ in tree_view_nodes(final["tree"])} >= {"tree-node tree-path tree-kept", "tree-path tree-target"}
+    assert "Predicted (trees, per-node acceptance)" in final["live"]
 
 
 def test_layer_skip_drafter_gives_the_engines_reply_and_shows_its_calibration(client, app_server):
