@@ -51,6 +51,8 @@ def place(presets: dict, preset: str, max_new_tokens: int) -> SimpleNamespace:
                                   x_title="seconds of engine time after the first token", y_title="tokens", height=220,
                                   elem_id="race-chart")
             ui.stats = gr.Markdown(R.stats_markdown(None, "speculative"), elem_id="stats-text")
+            # The last tree round of a reply that verified trees (empty otherwise)
+            ui.tree = gr.HTML(R.tree_html(None), elem_id="tree")
             ui.plot = gr.BarPlot(R.acceptance_frame(None), x="position", y="acceptance", y_lim=[0, 1],
                                  title="Acceptance by draft position", x_title="draft position",
                                  y_title="accepted share", height=220, elem_id="acceptance-plot")

@@ -143,12 +143,13 @@ def duration(value: float | None) -> str:
     return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
-def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
+def stats_markdown(stats: Mapping | None, mode: str, done: bool = False, last_tree_nodes: int | None = None) -> str:
     """The live numbers as a small markdown table.
 
     `stats` holds the engine's stat names (Stats.as_dict()); `mode` names what produced them
     (e.g. "speculative · prompt lookup" or "baseline"). Acceptance figures are left out for
-    baseline decoding, where nothing is drafted.
+    baseline decoding, where nothing is drafted. After a tree round, the trees' size: the nodes
+    the last tree round verified (`last_tree_nodes`) and the mean per tree round.
     """
     if not stats:
         return f"**{mode}** · waiting for a message"
@@ -166,11 +167,23 @@ def stats_markdown(stats: Mapping | None, mode: str, done: bool = False) -> str:
             ("Tokens per target forward", f"{stats.get('tokens_per_target_forward', 0.0):.2f}"),
             ("Draft length now", str(stats.get("draft_length", "–"))),
         ]
+        rows += _tree_rows(stats, last_tree_nodes)
     rows.append(("Time to first token", _seconds(stats.get("ttft_s"))))
     rows.append(("Time drafting / verifying", _time_split(stats)))
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
     header = f"**{mode}** · {stats.get('new_tokens', 0)} tokens · {state}"
     return f"{header}\n\n| figure | value |\n|---|---|\n{table}"
+
+
+def _tree_rows(stats: Mapping, last_tree_nodes: int | None) -> list[tuple[str, str]]:
+    """The trees' size and depth, once a round verified a tree (none for chains)."""
+    rounds = stats.get("tree_rounds") or 0
+    if not rounds:
+        return []
+    mean = stats.get("tree_nodes_verified", 0) / rounds
+    last = f"{last_tree_nodes} in the last tree round · " if last_tree_nodes else ""
+    return [("Tree size (nodes verified)", f"{last}{mean:.1f} per tree round ({rounds} tree rounds)"),
+            ("Accepted depth per tree round", f"{stats.get('mean_accepted_depth', 0.0):.2f}")]
 
 
 GENERATING = "generating…"
@@ -220,6 +233,73 @@ def acceptance_frame(stats: Mapping | None) -> pd.DataFrame:
     # Typed even when empty: the plot fixes each axis's scale type from the first value it gets.
     frame = pd.DataFrame(rows, columns=["position", "acceptance", "drafted"])
     return frame.astype({"position": str, "acceptance": float, "drafted": int})
+
+
+# ---------------------------------------------------------------- the last tree round
+
+# Draft nodes the target did not keep: no background, so no colour of the four sources is
+# borrowed; dimmed and struck through, with a dashed outline to keep a blank token visible.
+_REJECTED_STYLE = ("color:#6b7280;opacity:0.55;text-decoration:line-through;border:1px dashed #9ca3af;"
+                   "border-radius:2px;white-space:pre")
+# font-size inherit: the page's own list styles shrink nested lists, and a tree nests deep
+_TREE_LIST_STYLE = "list-style:none;margin:0;padding-left:1.1em;border-left:1px solid #d1d5db;font-size:inherit"
+_TREE_ITEM_STYLE = "margin:0;padding:0;font-size:inherit"
+
+
+def tree_text(text: str) -> str:
+    """A token's text as a tree node shows it: line breaks and tabs made visible (a node is one
+    line), an empty piece (part of a character) as ∅. Escaped by the caller."""
+    return text.replace("\n", "↵").replace("\t", "⇥") if text else "∅"
+
+
+def tree_html(pieces: Sequence[str] | None, parents: Sequence[int] = (), path: Sequence[int] = (),
+              closing: tuple[str, str] | None = None) -> str:
+    """The last tree round (#tree): every drafted node under its parent, the accepted path in the
+    draft colour (the target kept those drafts), the target's own token at the path's end in its
+    colour (bonus after a leaf, resampled otherwise), the rejected branches dimmed. "" before a
+    tree round (nothing shown).
+
+    pieces: each node's token text; parents: Draft.parents (-1: the context's last token);
+    path: the kept nodes from the root; closing: (text, source) of the target's token."""
+    if not pieces:
+        return ""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    kept = set(path)
+    last = path[-1] if path else -1
+
+    def branch(parent: int) -> str:
+        items = []
+        for node in children.get(parent, []):
+            shown = tree_text(pieces[node])
+            if node in kept:
+                kind, chip = "tree-path tree-kept", token_span(shown, "draft")
+            else:
+                kind = "tree-rejected-branch"
+                chip = f'<span class="tree-rejected" style="{_REJECTED_STYLE}">{html.escape(shown)}</span>'
+            items.append(f'<li class="tree-node {kind}" style="{_TREE_ITEM_STYLE}">{chip}{branch(node)}</li>')
+        if parent == last and closing is not None:
+            text, source = closing
+            chip = token_span(tree_text(text), source)
+            items.append(f'<li class="tree-path tree-target" style="{_TREE_ITEM_STYLE}" title="the target\'s own token">'
+                         f'{chip}</li>')
+        return f'<ul style="{_TREE_LIST_STYLE}">{"".join(items)}</ul>' if items else ""
+
+    depth = _depth(parents)
+    rejected = len(pieces) - len(kept)
+    head = (f"<b>Last tree round</b>: {len(pieces)} nodes, {depth} deep · the target kept a path of "
+            f"{len(kept)} and added its own token · {rejected} rejected node{'s' if rejected != 1 else ''} dimmed")
+    return (f'<div class="tree-view" style="font-size:0.85rem;line-height:1.6">'
+            f'<div class="tree-head">{head}</div>'
+            f'<div class="tree-root" style="color:#6b7280">▸ the reply so far</div>{branch(-1)}</div>')
+
+
+def _depth(parents: Sequence[int]) -> int:
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(depths[parent] + 1 if parent >= 0 else 1)
+    return max(depths, default=0)
 
 
 def speedup_markdown(

@@ -139,7 +139,7 @@ def chat(holder: ModelHolder, message: str, history: list, settings: Settings,
     turns = [*history, R.new_turn(message, baseline_pending=settings.compare, retried=retried)]
     waiting = R.LOADING if holder.models is None else "Reading the prompt…"
     yield View(msg=box, chat=R.chat_view(turns), chat_baseline=R.chat_view(turns, "baseline"), turns=turns,
-               stats=waiting)
+               stats=waiting, tree=R.tree_html(None))  # the last reply's tree goes: this one may verify none
     try:
         with holder.using(settings.preset, cancelled=stop) as models:
             if stop.is_set():
@@ -189,7 +189,8 @@ def reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: thr
     baseline_reply = settings.baseline and not settings.compare
     mode = settings.mode()
     engine = engine_for(models, settings, baseline=baseline_reply)
-    live = LiveSpeedup(meter.book, preset, context, engine, baseline_reply)
+    live = LiveSpeedup(meter.book, preset, context, engine, baseline_reply,
+                       plain=engine_for(models, settings, baseline=True))
     spec_points: list[tuple[float, int]] = []
     chart = S.Throttle(PLOT_INTERVAL_S, time.monotonic)
 
@@ -198,15 +199,17 @@ def reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: thr
             return S.race_frame(spec_points, spec_run=S.BASELINE_RUN)
         return S.race_frame(spec_points, base_points, live.rate)
 
+    tree = TreeView(engine)
     for text, markup, stats, token_ids, sources in stream_reply(engine, prompt_ids, params, stop):
         turn.update(reply=text, reply_html=markup)
         spec_points.append(S.race_point(stats))
         live_text = live.update(stats, sources)
         so_far = S.side_by_side_so_far(stats, base_stats) if base_stats else gr.skip()
-        if chart.due():  # the plots and the speedup figure: twice a second is live enough
-            yield view(R.stats_markdown(stats, mode), R.acceptance_frame(stats), so_far, live_text, race())
+        panel = R.stats_markdown(stats, mode, last_tree_nodes=tree.nodes())
+        if chart.due():  # the plots, the tree and the speedup figure: twice a second is live enough
+            yield view(panel, R.acceptance_frame(stats), so_far, live_text, race(), tree=tree.html())
         else:
-            yield view(R.stats_markdown(stats, mode), gr.skip(), so_far, gr.skip(), gr.skip())
+            yield view(panel, gr.skip(), so_far, gr.skip(), gr.skip())
     if stop.is_set():
         return
     if stats.get("finish_reason") == LENGTH_CONTEXT:  # say why the reply ends short
@@ -220,18 +223,47 @@ def reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: thr
     drafter = "none" if baseline_reply else settings.drafter_label
     kind = "side by side" if settings.compare else ("baseline" if baseline_reply else "speculative")
     meter.log.add(S.history_row(len(meter.log.rows) + 1, turn["user"], kind, drafter, stats, live.rate, base_stats))
-    yield view(R.stats_markdown(stats, mode, done=True), R.acceptance_frame(stats), speedup_text, live_text,
-               race(), history=S.history_frame(meter.log.rows), history_csv=meter.log.csv_file(),
-               history_log=meter.log)
+    yield view(R.stats_markdown(stats, mode, done=True, last_tree_nodes=tree.nodes()), R.acceptance_frame(stats),
+               speedup_text, live_text, race(), history=S.history_frame(meter.log.rows),
+               history_csv=meter.log.csv_file(), history_log=meter.log, tree=tree.html(final=True))
+
+
+class TreeView:
+    """#tree for one reply: the engine's last verified tree round (Stats.last_tree), its tokens
+    decoded, drawn again only when a newer round replaced it."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._drawn = None  # the TreeRound last drawn
+
+    def nodes(self) -> int | None:
+        """Nodes of the last tree round (None before one)."""
+        tree = self.engine.stats.last_tree
+        return len(tree.tokens) if tree is not None else None
+
+    def html(self, final: bool = False):
+        """The view's HTML, or gr.skip() when the round drawn last is still the latest (and at the
+        end, the HTML anyway: a throttled update may have missed the last round)."""
+        tree = self.engine.stats.last_tree
+        if tree is None or (tree is self._drawn and not final):
+            return gr.skip()
+        self._drawn = tree
+        piece = self.engine.tokenizer.decode
+        return R.tree_html([piece([token]) for token in tree.tokens], tree.parents, tree.path,
+                           (piece([tree.token]), tree.source))
 
 
 class LiveSpeedup:
     """The #speedup-live figure of one reply: the plain rate it is compared with (chosen afresh
     at each update, as the engine's plain steps are measured) and Leviathan's prediction."""
 
-    def __init__(self, book: S.BaselineBook, preset: str, context: int, engine, baseline_reply: bool) -> None:
+    def __init__(self, book: S.BaselineBook, preset: str, context: int, engine, baseline_reply: bool,
+                 plain=None) -> None:
+        """plain: the engine that decodes the same target plainly (the calibration's, side by
+        side's baseline half's), whose measured plain step prices the prediction when this
+        engine never took one (every round drafted)."""
         self.book, self.preset, self.context, self.engine = book, preset, context, engine
-        self.baseline_reply = baseline_reply
+        self.baseline_reply, self.plain = baseline_reply, plain
         self.step_before = engine.measured_plain_step_s()  # a plain step measured before this reply
         self.rate: S.BaselineRate | None = None
 
@@ -246,8 +278,16 @@ class LiveSpeedup:
             return S.live_markdown(stats, None, None, now, baseline_reply=True)
         self.rate = self.book.choose(self.preset, self.context, self._plain_step(now))
         counts = self.engine.stats.tally()  # the engine's own record of this reply's rounds
-        prediction = S.predict(counts, stats, self.engine.step_s)
-        return S.live_markdown(stats, self.rate, prediction, now, counts=counts, step_s=self.engine.step_s(1))
+        prediction = S.predict(counts, stats, self._step_s, self.engine.stats.node_acceptance)
+        return S.live_markdown(stats, self.rate, prediction, now, counts=counts, step_s=self._step_s(1))
+
+    def _step_s(self, tokens: int) -> float | None:
+        """A target forward over `tokens` tokens as this engine measured it; a plain step it
+        never took from the plain engine of the same target (one target, one machine)."""
+        step = self.engine.step_s(tokens)
+        if step is None and tokens == 1 and self.plain is not None:
+            step = self.plain.measured_plain_step_s()
+        return step
 
     def finish(self, stats: dict, sources: list[str]) -> str:
         """The final figure; then what this reply measured goes into the book for later ones."""

@@ -77,6 +77,8 @@ class View:
     # The session's ReplyHistory, set when it wrote its CSV: gradio calls a State's delete
     # callback (which removes the CSV's folder) only for states an event has set.
     history_log: object = field(default_factory=gr.skip)
+    # #tree: the last tree round (last so the API's positional outputs before it stay where they were)
+    tree: object = field(default_factory=gr.skip)
 
     def values(self) -> tuple:
         """The fields' values in the outputs' order (no copies: a State's object stays itself)."""

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .render import duration
-from specdec_core.events import RoundTally
-from specdec_core.theory import expected_tokens, predicted_speedup
+from specdec_core.events import NodeAcceptance, RoundTally
+from specdec_core.theory import expected_tokens, predicted_speedup, speedup_of_rounds
 
 # Where a plain-decoding rate was measured (shown in the label: "measured in side-by-side").
 SIDE_BY_SIDE = "side-by-side"
@@ -182,20 +182,34 @@ def baseline_label(rate: BaselineRate | None, now: float) -> str:
 
 @dataclass(frozen=True)
 class Prediction:
-    """Leviathan et al.'s speedup from this reply's acceptance and step costs."""
+    """Leviathan et al.'s speedup from this reply's acceptance and step costs; for a reply that
+    verified trees, the tokens per drafting round from its per-node acceptance instead."""
 
     a: float  # per-token acceptance: kept drafts / (kept drafts + rejections)
-    g: float  # drafts per drafting round
+    g: float  # drafts per drafting round (a tree's: its nodes)
     c: float  # drafting cost per token, in target steps
     v: float  # verify cost over 1 + g tokens, in target steps
     share: float  # share of rounds that drafted
     speedup: float
+    # Trees: tokens per drafting round the per-node acceptance predicts, and the acceptance by
+    # depth it came from (None / (): a chain reply, priced by Leviathan's formula from a and g).
+    tree_tokens: float | None = None
+    by_depth: tuple[float, ...] = ()
+
+    @property
+    def tokens(self) -> float:
+        """Tokens per drafting round the prediction expects."""
+        return self.tree_tokens if self.tree_tokens is not None else expected_tokens(self.a, self.g)
 
 
-def predict(counts: RoundTally, stats: Mapping, step_s: Callable[[int], float | None]) -> Prediction | None:
+def predict(counts: RoundTally, stats: Mapping, step_s: Callable[[int], float | None],
+            nodes: NodeAcceptance | None = None) -> Prediction | None:
     """The prediction for a reply, or None before a drafting round or a measured plain step.
 
     step_s(n): the measured time of a target forward over n tokens (the engine's policy).
+    nodes: the reply's drafting rounds by node place (Stats.node_acceptance); once a round
+    verified a tree, the tokens per drafting round come from them (a chain formula over a
+    tree's node count would price 16 nodes as a 16-long chain).
     """
     drafting = counts.rounds - counts.plain_rounds
     drafted = stats.get("drafted_tokens", 0)
@@ -211,6 +225,10 @@ def predict(counts: RoundTally, stats: Mapping, step_s: Callable[[int], float | 
     c = (stats.get("draft_s", 0.0) / drafted) / step
     v = verify / step
     share = drafting / counts.rounds
+    if nodes is not None and nodes.tree_rounds:
+        tokens = nodes.expected_tokens()
+        return Prediction(a, g, c, v, share, speedup_of_rounds(tokens, g, c, v, share), tokens,
+                          tuple(nodes.acceptance_by_depth()))
     return Prediction(a, g, c, v, share, predicted_speedup(a, g, c, v, share))
 
 
@@ -237,10 +255,12 @@ def failed_assumptions(prediction: Prediction, counts: RoundTally, stats: Mappin
     drafting = counts.rounds - counts.plain_rounds
     if drafting > 0:
         measured = (counts.accepted + drafting) / drafting
-        independent = expected_tokens(prediction.a, prediction.g)
+        independent = prediction.tokens
         if measured > THEORY_TOLERANCE * independent:
-            reasons.append(f"acceptance came in streaks: {measured:.2f} tokens per drafting round, where drafts "
-                           f"kept independently at a = {prediction.a:.2f} give {independent:.2f}")
+            kept = ("tree nodes kept independently at their measured per-node rates" if prediction.tree_tokens
+                    is not None else f"drafts kept independently at a = {prediction.a:.2f}")
+            reasons.append(f"acceptance came in streaks: {measured:.2f} tokens per drafting round, where {kept} "
+                           f"give {independent:.2f}")
     if rate is not None and step_s:
         implied = 1.0 / step_s
         if rate.tokens_per_second * THEORY_TOLERANCE < implied:
@@ -264,9 +284,16 @@ def theory_line(prediction: Prediction | None, value: float | None, counts: Roun
     when the measurement beats the prediction by more than THEORY_TOLERANCE, why."""
     if prediction is None:
         return "Predicted (Leviathan et al.): – until a round drafts"
-    line = (f"Predicted (Leviathan et al.): {prediction.speedup:.2f}× from a = {prediction.a:.2f}, "
-            f"g = {prediction.g:.1f}, c = {prediction.c:.2f}, v = {prediction.v:.2f}, "
-            f"{prediction.share:.0%} of rounds drafting")
+    if prediction.tree_tokens is not None:
+        depths = ", ".join(f"{rate:.2f}" for rate in prediction.by_depth)
+        line = (f"Predicted (trees, per-node acceptance): {prediction.speedup:.2f}× from "
+                f"{prediction.tree_tokens:.2f} tokens per drafting round (acceptance by depth {depths}), "
+                f"{prediction.g:.1f} nodes per round, c = {prediction.c:.2f}, v = {prediction.v:.2f}, "
+                f"{prediction.share:.0%} of rounds drafting")
+    else:
+        line = (f"Predicted (Leviathan et al.): {prediction.speedup:.2f}× from a = {prediction.a:.2f}, "
+                f"g = {prediction.g:.1f}, c = {prediction.c:.2f}, v = {prediction.v:.2f}, "
+                f"{prediction.share:.0%} of rounds drafting")
     if value is None:
         return line
     ratio = value / prediction.speedup

@@ -134,7 +134,7 @@ class ChatEvents:
         models = describe(self.holder.models) if self.holder.models else R.models_markdown(None)
         return View(msg="", chat=[], chat_baseline=[], turns=[], stats=R.stats_markdown(None, "speculative"),
                     plot=R.acceptance_frame(None), speedup=R.speedup_markdown(None, None, None), models=models,
-                    live=S.live_markdown(None, None, None, 0.0), race=S.race_frame([])).values()
+                    live=S.live_markdown(None, None, None, 0.0), race=S.race_frame([]), tree=R.tree_html(None)).values()
 
     def change_preset(self, name: str, progress=gr.Progress(track_tqdm=True)):
         """Load the picked preset. If it fails, the menu and panel go back to what is loaded

@@ -23,7 +23,7 @@ from .detok import IncrementalDetokenizer
 from .drafter import Draft, Drafter
 from .errors import PromptTooLong
 from .events import (
-    BONUS, DRAFT, LENGTH, LENGTH_CONTEXT, RESAMPLED, STOP, TARGET, GenerationResult, Stats, TokenEvent,
+    BONUS, DRAFT, LENGTH, LENGTH_CONTEXT, RESAMPLED, STOP, TARGET, GenerationResult, Stats, TokenEvent, TreeRound,
 )
 from .policy import DEFAULT_DRAFT_LENGTH, DraftLengthPolicy
 from .sampling import SamplingParams, make_generator, probabilities
@@ -222,11 +222,16 @@ class SpeculativeEngine:
             if unverified:
                 policy.observe_unverified(unverified[0] == token)
         n, tree_depth = len(path), (draft.depth if draft.parents is not None else None)
+        sources = _sources(len(draft.tokens), n, draft.is_leaf(path[-1] if path else -1))
+        # A tree round is kept as verified (its nodes, path and closing token): the app draws it.
+        tree = (TreeRound(tuple(draft.tokens), tuple(draft.parents), tuple(path), token, sources[-1])
+                if draft.parents is not None and draft.tokens else None)
         policy.update(len(draft.tokens), n, drafted - started, verified - drafted, depth=tree_depth)
-        self.stats.record_round(len(draft.tokens), n, drafted - started, verified - drafted, tree_depth=tree_depth)
+        self.stats.record_round(len(draft.tokens), n, drafted - started, verified - drafted, tree_depth=tree_depth,
+                                tree=tree)
         self.stats.draft_length = policy.k
         tokens = [draft.tokens[node] for node in path] + [token]
-        return list(zip(tokens, _sources(len(draft.tokens), n, draft.is_leaf(path[-1] if path else -1))))
+        return list(zip(tokens, sources))
 
     def _propose(self, call: _Call, k: int) -> Draft:
         """The drafter's draft of at most k tokens deep: a chain, or a tree of at most the

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+
+from .theory import path_probability, rank_paths
 
 # Why a reply ended (Stats.finish_reason; a contract shared with the CLI and the API).
 STOP = "stop"  # an end-of-sequence token or a stop string
@@ -47,6 +50,118 @@ class RoundTally:
                    rejections=sum(a < d for d, a in rounds))
 
 
+@dataclass(frozen=True)
+class TreeRound:
+    """One verified tree draft, as the app's tree view draws it: the drafted tokens with their
+    parents (as Draft.parents: -1 is the context's last token), the accepted path (node indices
+    from the root, in order) and the target's own token that closed the round, with its source
+    (BONUS when the path ended at a leaf, else RESAMPLED)."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    path: tuple[int, ...]
+    token: int
+    source: str
+
+
+@dataclass
+class NodeAcceptance:
+    """Every drafting round's nodes counted by place (depth, sibling rank): how many had their
+    parent on the accepted path (reached: the target weighed them) and how many were kept. A
+    chain is the one-child tree, so chain rounds count alike (rank 0 at every depth).
+
+    From these, the per-node acceptance rates and the expected tokens per drafting round of the
+    trees that were drafted (theory.expected_tree_tokens, summed over `shapes`): the theory line
+    of tree drafts, set beside the tokens the rounds measured."""
+
+    rounds: int = 0  # drafting rounds
+    tree_rounds: int = 0  # of them, rounds that verified a tree draft
+    nodes: int = 0  # draft tokens drafted, summed
+    kept_depth: int = 0  # accepted paths' lengths, summed
+    reached: Counter = field(default_factory=Counter)  # (depth, rank) -> nodes whose parent was kept
+    kept: Counter = field(default_factory=Counter)  # (depth, rank) -> nodes kept
+    offered: Counter = field(default_factory=Counter)  # depth -> rounds whose path reached a node with children there
+    shapes: Counter = field(default_factory=Counter)  # a node's ranks from the root -> nodes drafted there
+
+    def add(self, parents: Sequence[int], path: Sequence[int], tree: bool = True) -> None:
+        """One drafting round: a draft with these parents, of which the nodes `path` were kept."""
+        ranks = rank_paths(list(parents))
+        kept_rows = [0, *(node + 1 for node in path)]  # rows at depth 0, 1, ...: the path's
+        on_path, parent_rows = set(path), {parent + 1 for parent in parents}
+        for node, parent in enumerate(parents):
+            place = (len(ranks[node]), ranks[node][-1])
+            self.shapes[ranks[node]] += 1
+            if parent + 1 in kept_rows:
+                self.reached[place] += 1
+                self.kept[place] += node in on_path
+        for depth, row in enumerate(kept_rows, start=1):
+            self.offered[depth] += row in parent_rows
+        self.rounds += 1
+        self.tree_rounds += tree
+        self.nodes += len(parents)
+        self.kept_depth += len(path)
+
+    def add_chain(self, drafted: int, accepted: int) -> None:
+        """A chain round: `drafted` tokens, the first `accepted` kept."""
+        self.add(range(-1, drafted - 1), range(accepted), tree=False)
+
+    def merge(self, other: NodeAcceptance) -> None:
+        self.rounds += other.rounds
+        self.tree_rounds += other.tree_rounds
+        self.nodes += other.nodes
+        self.kept_depth += other.kept_depth
+        for mine, theirs in ((self.reached, other.reached), (self.kept, other.kept),
+                             (self.offered, other.offered), (self.shapes, other.shapes)):
+            mine.update(theirs)
+
+    def rates(self) -> dict[tuple[int, int], float]:
+        """(depth, rank) -> the share of nodes there kept once their parent was."""
+        return {place: self.kept[place] / n for place, n in self.reached.items() if n}
+
+    def acceptance_by_depth(self) -> list[float]:
+        """Per depth d = 1, 2, ...: of the rounds whose path reached depth d - 1 at a node the
+        draft went on from, the share that kept a node at depth d (a chain's acceptance at
+        position d once the drafts before it were kept)."""
+        kept_at: Counter = Counter()
+        for (depth, _), n in self.kept.items():
+            kept_at[depth] += n
+        deepest = max((d for d, n in self.offered.items() if n), default=0)
+        return [kept_at[d] / self.offered[d] if self.offered[d] else 0.0 for d in range(1, deepest + 1)]
+
+    def expected_tokens(self) -> float:
+        """Tokens per drafting round the per-node rates predict for the drafts that were made:
+        the mean over rounds of theory.expected_tree_tokens (1.0 before a drafting round)."""
+        if not self.rounds:
+            return 1.0
+        rates = self.rates()
+        return 1.0 + sum(n * path_probability(ranks, rates) for ranks, n in self.shapes.items()) / self.rounds
+
+    def measured_tokens(self) -> float:
+        """Tokens per drafting round measured: the accepted path and the target's own token."""
+        return 1.0 + self.kept_depth / self.rounds if self.rounds else 1.0
+
+    def as_dict(self) -> dict:
+        by_rank: dict[str, list[float]] = {}
+        for (depth, rank), rate in sorted(self.rates().items()):
+            at_depth = by_rank.setdefault(str(depth), [])
+            at_depth.extend([0.0] * (rank + 1 - len(at_depth)))  # a rank never reached reads 0
+            at_depth[rank] = rate
+        return {
+            "drafting_rounds": self.rounds,
+            "tree_rounds": self.tree_rounds,
+            "nodes_per_drafting_round": self.nodes / self.rounds if self.rounds else 0.0,
+            "acceptance_by_depth": self.acceptance_by_depth(),
+            "node_acceptance_by_depth_and_rank": by_rank,
+            "expected_tokens_per_drafting_round": self.expected_tokens(),
+            "measured_tokens_per_drafting_round": self.measured_tokens(),
+        }
+
+
+# Stats' per-round records: read by the app and the bench, left out of as_dict (the API and
+# the CLI report the totals).
+_RECORDS = ("rounds", "last_tree", "node_acceptance")
+
+
 @dataclass
 class Stats:
     """Running counters of one generation; the derived rates are properties."""
@@ -79,6 +194,10 @@ class Stats:
     tree_rounds: int = 0
     tree_nodes_verified: int = 0
     tree_accepted_depth: int = 0
+    # The latest tree round as verified (the app draws it), and every drafting round's nodes by
+    # place (the tree theory's per-node acceptance). Not in as_dict, as `rounds`.
+    last_tree: TreeRound | None = field(default=None, repr=False)
+    node_acceptance: NodeAcceptance = field(default_factory=NodeAcceptance, repr=False)
 
     @property
     def mean_accepted_depth(self) -> float:
@@ -113,11 +232,17 @@ class Stats:
         return tokens / seconds if tokens > 0 and seconds > 0 else 0.0
 
     def record_round(self, drafted: int, accepted: int, draft_s: float = 0.0, verify_s: float = 0.0,
-                     tree_depth: int | None = None) -> None:
+                     tree_depth: int | None = None, tree: TreeRound | None = None) -> None:
         """Count one verification round in which `drafted` tokens were proposed; a tree of
-        `drafted` nodes `tree_depth` deep fills the positions (depths) 1..tree_depth."""
+        `drafted` nodes `tree_depth` deep fills the positions (depths) 1..tree_depth. `tree`:
+        the tree round itself (its nodes and path; the app draws the latest)."""
         self.draft_s += draft_s
         self.verify_s += verify_s
+        if tree is not None:
+            self.last_tree = tree
+            self.node_acceptance.add(tree.parents, tree.path)
+        elif drafted:
+            self.node_acceptance.add_chain(drafted, accepted)
         if tree_depth is not None:
             self.tree_rounds += 1
             self.tree_nodes_verified += drafted
@@ -140,10 +265,10 @@ class Stats:
         return RoundTally.of(self.rounds)
 
     def as_dict(self) -> dict:
-        fields = asdict(self)
-        del fields["rounds"]
+        # Copies: the app keeps a finished half's dict while the engine runs on.
+        figures = {f.name: _copied(getattr(self, f.name)) for f in fields(self) if f.name not in _RECORDS}
         return {
-            **fields,
+            **figures,
             "tokens_per_target_forward": self.tokens_per_target_forward,
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_second": self.tokens_per_second,
@@ -158,3 +283,7 @@ class GenerationResult:
     text: str
     sources: list[str]
     stats: Stats
+
+
+def _copied(value):
+    return list(value) if isinstance(value, list) else value

@@ -124,16 +124,49 @@ def app_server(tiny_app_config):
 
     Launched in this process (prevent_thread_lock), so tests can look at the loaded models.
     """
+    yield from _served(tiny_app_config)
+
+
+def _served(config):
     from types import SimpleNamespace
 
     import app
 
-    holder = app.ModelHolder(str(tiny_app_config))
-    demo = app.build_ui("tiny", str(tiny_app_config), max_new_tokens=24, holder=holder)
+    holder = app.ModelHolder(str(config))
+    demo = app.build_ui("tiny", str(config), max_new_tokens=24, holder=holder)
     demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     yield SimpleNamespace(url=demo.local_url, holder=holder, demo=demo)
     demo.close()
     holder.release()
+
+
+TREE_MESSAGE = "Count with me: one two three four five six"  # the message tree_app_config's heads learnt
+
+
+@pytest.fixture(scope="session")
+def tree_app_config(tiny_app_config, smol_tokenizer):
+    """The tiny presets again (models-trees.yaml beside tiny_app_config), with `tiny`'s Medusa
+    heads fitted to the target's greedy reply to TREE_MESSAGE: its tree rounds keep paths, so the
+    app's tree view has one to show (the random heads' trees are all but always rejected)."""
+    from specdec_core.chat import chat_prompt_ids
+    from tests.tiny_models import fitted_medusa_heads, tiny_llama
+
+    folder = tiny_app_config.parent
+    target = tiny_llama(seed=0, init=0.2)  # the tiny preset's target, rebuilt from its seed
+    ids = chat_prompt_ids(smol_tokenizer, [{"role": "user", "content": TREE_MESSAGE}])
+    with torch.no_grad():
+        sequence = target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                   max_new_tokens=40, do_sample=False)[0].tolist()
+    fitted_medusa_heads(target, [sequence], num_heads=3, steps=40).save(folder / "medusa-fitted")
+    config = folder / "models-trees.yaml"
+    config.write_text(TINY_APP_PRESETS.replace("medusa: ./medusa", "medusa: ./medusa-fitted"))
+    return config
+
+
+@pytest.fixture(scope="module")
+def tree_app_server(tree_app_config):
+    """The chat app on tree_app_config's presets (as app_server)."""
+    yield from _served(tree_app_config)
 
 
 # ---------------------------------------------------------------- presets, loading, the CLI

@@ -25,12 +25,12 @@ from specdec_app import render as R
 from specdec_app.settings import CONTROLS
 from specdec_core import SamplingParams
 from specdec_core.chat import chat_prompt_ids
-from tests.conftest import free_port
+from tests.conftest import TREE_MESSAGE, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SPAN = re.compile(r'<span class="tok tok-(\w+)" style="[^"]*">(.*?)</span>', re.S)
 OUT = ["msg", "chat", "chat_baseline", "stats", "plot", "speedup", "models",  # client outputs
-       "live", "race", "history", "history_csv"]
+       "live", "race", "history", "history_csv", "tree"]
 
 DEFAULTS = dict(preset="tiny", drafter="prompt_lookup", temperature=0.0, top_p=1.0, top_k=0,
                 max_new_tokens=24, draft_length=4, adaptive=True, baseline=False, compare=False)
@@ -500,6 +500,61 @@ def test_eagle_hybrid_and_medusa_drafters_give_the_engines_reply(client, app_ser
     assert "".join(text for _, text in spans) == expected.text
     assert "eagle head: ./eagle" in final["models"] and "draft vocabulary 2,048" in final["models"]
     assert "medusa heads: ./medusa" in final["models"] and "3 heads of 1 residual block(s)" in final["models"]
+
+
+def tree_view_nodes(markup: str) -> list[tuple[str, str, str]]:
+    """(li class, chip class, shown text) of every item of the #tree view, in document order."""
+    import xml.etree.ElementTree as ET
+
+    return [(li.get("class"), li[0].get("class"), "".join(li[0].itertext()))
+            for li in ET.fromstring(markup).iter("li")]
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "eagle"])
+def test_a_tree_reply_shows_its_last_tree_round_and_the_tree_size(tree_app_server, drafter):
+    """Medusa's candidate trees (heads fitted to this reply: paths are kept) and EAGLE's dynamic
+    trees (a random head: all but always rejected) on the tiny preset: #tree draws the engine's
+    last tree round (every node, the kept path in the draft colour, the target's own token in its
+    source's, the rest rejected), the panel gives the trees' size and the live theory line
+    predicts from the per-node acceptance; a chain reply after it clears the view."""
+    client = Client(tree_app_server.url, verbose=False)
+    final = outputs(send(client, TREE_MESSAGE, drafter=drafter, adaptive=False, max_new_tokens=24))
+    engine = tree_app_server.holder.models.engine(drafter=drafter, draft_length=4, adaptive=False)
+    tree, tokenizer = engine.stats.last_tree, engine.tokenizer
+    assert tree is not None and engine.stats.tree_rounds > 0
+    if drafter == "medusa":
+        assert engine.stats.tree_accepted_depth > 0 and tree.path  # the view has a kept path to show
+    expected = reference_reply(tree_app_server, [{"role": "user", "content": TREE_MESSAGE}])
+    assert "".join(text for _, text in token_spans(final["chat"][1])) == expected.text  # trees stay lossless
+    items = tree_view_nodes(final["tree"])
+    nodes = [item for item in items if "tree-node" in item[0]]
+    assert sorted(text for _, _, text in nodes) == sorted(R.tree_text(tokenizer.decode([t])) for t in tree.tokens)
+    kept = [text for cls, _, text in nodes if "tree-kept" in cls]
+    assert kept == [R.tree_text(tokenizer.decode([tree.tokens[n]])) for n in tree.path]
+    assert all(chip == "tok tok-draft" for cls, chip, _ in nodes if "tree-kept" in cls)
+    assert all(chip == "tree-rejected" for cls, chip, _ in nodes if "tree-kept" not in cls)
+    assert len(nodes) - len(kept) >= 1  # a tree: some branch was not kept
+    [(_, closing, text)] = [item for item in items if "tree-target" in item[0]]
+    assert closing == f"tok tok-{tree.source}" and tree.source in ("bonus", "resampled")
+    assert text == R.tree_text(tokenizer.decode([tree.token]))
+    assert f"| Tree size (nodes verified) | {len(tree.tokens)} in the last tree round · " in final["stats"]
+    assert "Predicted (trees, per-node acceptance)" in final["live"]
+    # the next reply verifies chains: its first update clears the view
+    updates = [dict(zip(OUT, update)) for update in send(client, "And now?", drafter="prompt_lookup")]
+    assert updates[0]["tree"] == "" and "Tree size" not in updates[-1]["stats"]
+
+
+def test_side_by_side_with_trees_is_lossless_and_predicted_from_the_trees(tree_app_server):
+    """Side by side with Medusa's trees: the same greedy text in both panes, the tree view of the
+    speculative half, and the live line priced by the per-node acceptance (every round drafted a
+    tree: the plain step comes from the baseline half's engine, same target)."""
+    client = Client(tree_app_server.url, verbose=False)
+    final = outputs(send(client, TREE_MESSAGE, compare=True, drafter="medusa", adaptive=False))
+    base = "".join(text for _, text in token_spans(final["chat_baseline"][1]))
+    assert base == "".join(text for _, text in token_spans(final["chat"][1]))
+    assert "outputs identical ✓" in final["speedup"]
+    assert {cls for cls, _, _ in tree_view_nodes(final["tree"])} >= {"tree-node tree-path tree-kept", "tree-path tree-target"}
+    assert "Predicted (trees, per-node acceptance)" in final["live"]
 
 
 def test_layer_skip_drafter_gives_the_engines_reply_and_shows_its_calibration(client, app_server):

@@ -120,6 +120,70 @@ def test_verify_ratio_interpolates_between_probed_lengths():
     assert costs.verify_ratio(9) == pytest.approx(1.3)  # clamped to the longest probe
 
 
+def test_tree_theory_by_hand():
+    """Expected tokens of a tree: 1 + each node's chance of lying on the kept path, the product
+    of the per-node rates (by depth and sibling rank) along it; a chain is the by-position case."""
+    from specdec_core.theory import expected_tokens_by_position, expected_tree_tokens, rank_paths
+
+    parents = [-1, -1, 0, 0, 1]  # two roots; the first has two children, the second one
+    assert rank_paths(parents) == [(0,), (1,), (0, 0), (0, 1), (1, 0)]
+    rates = {(1, 0): 0.5, (1, 1): 0.2, (2, 0): 0.4, (2, 1): 0.1}
+    assert expected_tree_tokens(parents, rates) == pytest.approx(1 + 0.5 + 0.2 + 0.5 * 0.4 + 0.5 * 0.1 + 0.2 * 0.4)
+    chain = {(1, 0): 0.9, (2, 0): 0.6, (3, 0): 0.5}
+    assert expected_tree_tokens([-1, 0, 1], chain) == pytest.approx(expected_tokens_by_position([0.9, 0.6, 0.5]))
+    assert expected_tree_tokens([-1, 0, 0], {(1, 0): 0.5}) == pytest.approx(1.5)  # places never measured: 0
+
+
+def test_node_acceptance_counts_places_and_predicts_rounds_of_one_shape_exactly():
+    """The per-node rates measured over rounds of one shape give back the measured tokens per
+    round (the rates telescope); acceptance by depth is conditional on reaching the depth above."""
+    from specdec_core.events import NodeAcceptance
+
+    nodes = NodeAcceptance()
+    parents = [-1, -1, 0, 0]  # two roots; the first has two children
+    for path in ([0, 2], [1], [], [0]):
+        nodes.add(parents, path)
+    assert nodes.rates() == {(1, 0): 0.5, (1, 1): 0.25, (2, 0): 0.5, (2, 1): 0.0}
+    assert nodes.expected_tokens() == pytest.approx(2.0) == nodes.measured_tokens()
+    # depth 1: 3 of 4 rounds kept a root; depth 2: of the 2 that kept a root with children, 1 went on
+    assert nodes.acceptance_by_depth() == [0.75, 0.5]
+    chains = NodeAcceptance()
+    chains.add_chain(3, 1)
+    chains.add_chain(3, 3)
+    assert chains.acceptance_by_depth() == [1.0, 0.5, 1.0] and chains.tree_rounds == 0
+    assert chains.expected_tokens() == pytest.approx(3.0) == chains.measured_tokens()
+    nodes.merge(chains)
+    assert (nodes.rounds, nodes.tree_rounds, nodes.nodes) == (6, 4, 22)
+    assert nodes.as_dict()["node_acceptance_by_depth_and_rank"]["1"] == [4 / 6, 0.25]
+
+
+def test_theory_check_prices_tree_rounds_by_their_per_node_acceptance():
+    """A method that verified trees is predicted from the tokens its per-node acceptance gives
+    the trees it drafted, not from Leviathan's chain formula over its node count."""
+    from specdec_core.bench.theory_check import TREE_MODEL, theory_check
+    from specdec_core.events import NodeAcceptance
+    from specdec_core.theory import speedup_of_rounds
+
+    costs = ProbedCosts(context_tokens=10, target_step_s=0.040, verify_s={1: 0.044, 4: 0.056},
+                        draft_step_s=None, lookup_s=0.0)
+    nodes = NodeAcceptance()
+    for path in ([0, 2], [1], [], [0]):
+        nodes.add([-1, -1, 0, 0], path)
+    tree = RunTotals()
+    tree.add(Run("ours-medusa", [0] * 8, 1.0, [(4, 2), (4, 1), (4, 0), (4, 1)], draft_s=0.016, nodes=nodes))
+    t = theory_check(tree, costs, False, 1.0)
+    assert t["model"] == TREE_MODEL and t["g"] == 4.0
+    assert t["expected_tokens_per_drafting_round"] == pytest.approx(2.0) == t["measured_tokens_per_drafting_round"]
+    assert t["acceptance_by_depth"] == [0.75, 0.5]
+    c, v = 0.016 / 16 / 0.040, 0.056 / 0.040
+    assert t["predicted_speedup"] == pytest.approx(speedup_of_rounds(2.0, 4.0, c, v, 1.0))
+    # the chain formula over 4 nodes kept at a = 0.5 (4 kept, 4 rejections) would have said otherwise
+    assert t["predicted_speedup"] != pytest.approx(predicted_speedup(0.5, 4.0, c, v, 1.0))
+    chain = RunTotals()
+    chain.add(Run("ours-eagle", [0] * 5, 1.0, [(2, 1), (2, 2)], draft_s=0.016))
+    assert theory_check(chain, costs, False, 1.0)["model"].startswith("chain")
+
+
 # ---------------------------------------------------------------- round accounting
 
 
@@ -314,6 +378,30 @@ def test_small_run_has_a_theory_check_per_speculative_method(tiny_run):
     assert "| ours-lookup |" in markdown and "Theory check" in markdown
 
 
+def test_small_run_reports_acceptance_by_depth_and_the_tree_theory_line(tiny_run):
+    """Tree methods: acceptance by depth, per-node acceptance, and the theory line from it (the
+    tokens per drafting round it expects beside those measured); chains keep Leviathan's."""
+    from specdec_core.bench.theory_check import CHAIN_MODEL, TREE_MODEL
+
+    _, out = tiny_run
+    report = json.loads((out / "results.json").read_text())
+    for method in ("ours-eagle-tree", "ours-medusa"):
+        figures = report["results"][method]["overall"]
+        trees = figures["trees"]
+        assert figures["tree_rounds"] == trees["tree_rounds"] > 0, method
+        assert all(0 <= rate <= 1 for rate in figures["acceptance_by_depth"]) and figures["acceptance_by_depth"]
+        assert 1 <= trees["expected_tokens_per_drafting_round"] <= 1 + trees["nodes_per_drafting_round"]
+        for category in ("translation", "rag"):
+            t = report["theory"][method][category]
+            if report["results"][method][category]["tree_rounds"]:
+                assert t["model"] == TREE_MODEL and t["predicted_speedup"] > 0, (method, category)
+    assert report["results"]["ours-eagle"]["overall"]["trees"] is None
+    assert report["theory"]["ours-eagle"]["rag"]["model"] == CHAIN_MODEL
+    markdown = (out / "results.md").read_text()
+    assert "## Trees: acceptance by depth and the tree theory line" in markdown
+    assert "| ours-medusa | overall |" in markdown and "| ours-eagle |" not in markdown.split("## Trees")[1].split("##")[0]
+
+
 def test_traced_rounds_agree_with_the_engine_stats(tiny_app_config):
     from specdec_core.bench.methods import HF_ASSISTED, HFMethod, OursMethod
     from specdec_core.presets.loading import load_preset
@@ -461,3 +549,18 @@ def test_ours_eagle_tree_verifies_trees_and_counts_acceptance_by_depth(tiny_app_
     assert counts.drafted_by_position == stats.drafted_by_position
     assert len(counts.drafted_by_position) <= max(drafted for drafted, _ in tree_run.rounds)
     assert counts.drafted_by_position[0] == sum(1 for drafted, _ in tree_run.rounds if drafted)
+    assert counts.nodes.tree_rounds == stats.tree_rounds and chain_run.nodes.tree_rounds == 0
+
+
+def test_ours_medusa_verifies_candidate_trees(tiny_app_config):
+    """ours-medusa verifies its heads' candidate trees (sized by the policy), greedy reply unchanged."""
+    from specdec_core.bench.methods import OURS_BASELINE, OURS_MEDUSA, make_methods
+    from specdec_core.presets.loading import load_preset
+    from specdec_core.sampling import SamplingParams
+
+    models = load_preset("tiny", tiny_app_config)
+    plain, medusa = make_methods([OURS_BASELINE, OURS_MEDUSA], models)
+    prompt = list(range(100, 120)) * 3
+    run = timed_run(medusa, prompt, SamplingParams(max_new_tokens=12))
+    assert run.token_ids == timed_run(plain, prompt, SamplingParams(max_new_tokens=12)).token_ids
+    assert medusa.engine.stats.tree_rounds > 0 and run.nodes.tree_rounds == medusa.engine.stats.tree_rounds

@@ -196,6 +196,43 @@ def test_chat_in_a_real_browser(app_server, browser, tmp_path):
     page.close()
 
 
+def test_the_tree_view_shows_the_last_tree_round_in_a_real_browser(tree_app_server, browser, tmp_path):
+    """A reply with Medusa's candidate trees (heads fitted to it): under the stats, #tree shows
+    the last tree round, the kept path in the draft colour ending in the target's own token in
+    its colour, the rejected branches dimmed, and the panel gives the trees' size."""
+    from tests.conftest import TREE_MESSAGE
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    try:
+        page.goto(tree_app_server.url)
+        page.wait_for_selector("#msg textarea")
+        page.wait_for_function("() => document.querySelector('#models').innerText.includes('target:')",
+                               timeout=TIMEOUT_MS)
+        page.locator("#drafter input").click()
+        page.get_by_role("option", name="Medusa heads").click()
+        page.locator("#adaptive input").uncheck()  # every round drafts a tree
+        set_number(page, "max-new-tokens", 24)
+        send_and_wait(page, TREE_MESSAGE)
+        page.wait_for_selector("#tree .tree-view", timeout=10_000)
+        tree = tree_app_server.holder.models.engine(drafter="medusa", draft_length=4, adaptive=False).stats.last_tree
+        kept = page.locator("#tree .tree-kept > .tok").evaluate_all(
+            "spans => spans.map(s => getComputedStyle(s).backgroundColor)")
+        assert kept == [rgb(R.SOURCE_COLOURS["draft"])] * len(tree.path) and tree.path  # an accepted path
+        closing = page.locator("#tree .tree-target > .tok")
+        assert closing.get_attribute("class") == f"tok tok-{tree.source}"
+        assert closing.evaluate("s => getComputedStyle(s).backgroundColor") == rgb(R.SOURCE_COLOURS[tree.source])
+        rejected = page.locator("#tree .tree-rejected").evaluate_all(
+            "spans => spans.map(s => [getComputedStyle(s).opacity, getComputedStyle(s).backgroundColor])")
+        assert len(rejected) == len(tree.tokens) - len(tree.path) >= 1
+        assert all(float(opacity) < 1 and background == "rgba(0, 0, 0, 0)" for opacity, background in rejected)
+        assert page.locator("#tree .tree-view").is_visible()
+        assert f"{len(tree.tokens)} nodes" in page.inner_text("#tree")
+        assert "Tree size (nodes verified)" in page.inner_text("#stats-text")
+        page.screenshot(path=str(tmp_path / "tree.png"), full_page=True)
+    finally:
+        page.close()
+
+
 LIVE_FIGURE = re.compile(r"Speedup now: (\d+\.\d\d)×")
 
 

@@ -139,6 +139,51 @@ def test_stats_panel_shows_every_figure():
         dict(STATS, decode_tokens_per_second=21.3), "speculative")
 
 
+def test_panel_shows_the_tree_size_after_tree_rounds_only():
+    trees = dict(STATS, tree_rounds=4, tree_nodes_verified=50, tree_accepted_depth=6, mean_accepted_depth=1.5)
+    text = R.stats_markdown(trees, "speculative · Medusa heads", last_tree_nodes=16)
+    assert "| Tree size (nodes verified) | 16 in the last tree round · 12.5 per tree round (4 tree rounds) |" in text
+    assert "| Accepted depth per tree round | 1.50 |" in text
+    assert "Tree size" not in R.stats_markdown(dict(STATS, tree_rounds=0), "speculative · prompt lookup")
+
+
+def tree_nodes(markup: str):
+    """The tree view parsed: (element tree, every node's <li>)."""
+    import xml.etree.ElementTree as ET
+
+    view = ET.fromstring(markup)  # well-formed: every tag closed, every text escaped
+    return view, view.findall(".//li")
+
+
+def test_tree_view_marks_the_kept_path_and_dims_the_rejected_branches():
+    # two roots ("a", "<b>"); "a" has children "c\n" and "d"; the target kept a -> d, a leaf, then
+    # added its bonus token "e"
+    markup = R.tree_html(["a", "<b>", "c\n", "d"], [-1, -1, 0, 0], [0, 3], ("e & f", "bonus"))
+    view, items = tree_nodes(markup)
+    chips = {"".join(li[0].itertext()): li for li in items}
+    assert set(chips) == {"a", "<b>", "c↵", "d", "e & f"}  # escaped, shown as their text; a line break visible
+    kept = [text for text, li in chips.items() if "tree-kept" in li.get("class")]
+    assert kept == ["a", "d"] and all(chips[t][0].get("class") == "tok tok-draft" for t in kept)
+    assert chips["e & f"][0].get("class") == "tok tok-bonus" and "tree-path" in chips["e & f"].get("class")
+    for text in ("<b>", "c↵"):  # rejected: dimmed, in none of the four sources' colours
+        chip = chips[text][0]
+        assert chip.get("class") == "tree-rejected" and "background" not in chip.get("style")
+        assert "opacity" in chip.get("style")
+    # the tree's shape: "d" under "a", the bonus under "d"
+    assert chips["d"] in chips["a"].iter("li") and chips["e & f"] in chips["d"].iter("li")
+    assert chips["c↵"] in chips["a"].iter("li") and chips["e & f"] not in chips["<b>"].iter("li")
+    assert "4 nodes, 2 deep" in "".join(view.itertext()) and "&lt;b&gt;" in markup
+
+
+def test_tree_view_of_a_round_that_kept_nothing_and_before_any_tree():
+    markup = R.tree_html(["x", "y"], [-1, -1], [], ("z", "resampled"))
+    view, items = tree_nodes(markup)
+    assert [li.get("class") for li in items] == ["tree-node tree-rejected-branch"] * 2 + ["tree-path tree-target"]
+    assert items[-1][0].get("class") == "tok tok-resampled"  # the target's own token, under the root
+    assert R.tree_html(None) == "" and R.tree_html([]) == ""
+    assert R.tree_text("") == "∅" and R.tree_text("a\tb") == "a⇥b"
+
+
 def test_baseline_panel_has_speed_but_no_acceptance():
     base = dict(STATS, drafted_tokens=0, accepted_tokens=0, acceptance_rate=0.0, draft_s=0.0)
     text = R.stats_markdown(base, "baseline")

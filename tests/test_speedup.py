@@ -128,6 +128,32 @@ def test_prediction_uses_this_replys_acceptance_and_costs():
     assert prediction.speedup == pytest.approx(predicted_speedup(0.6, 2.0, 0.025, 1.1, 0.75))
 
 
+def test_a_reply_with_tree_rounds_is_predicted_from_its_per_node_acceptance():
+    """Once a round verified a tree, the tokens per drafting round come from the per-node
+    acceptance of the trees drafted (theory.expected_tree_tokens), not Leviathan's chain formula
+    over the node count; the line names the model and the acceptance by depth."""
+    from specdec_core.events import NodeAcceptance
+    from specdec_core.theory import speedup_of_rounds
+
+    nodes = NodeAcceptance()
+    for path in ([0, 2], [1], [], [0]):
+        nodes.add([-1, -1, 0, 0], path)  # 4 tree rounds of 4 nodes
+    counts = RoundTally.of([(4, 2), (4, 1), (4, 0), (4, 1)])
+    stats = {"drafted_tokens": 16, "draft_s": 0.016, "tree_rounds": 4}
+    steps = {1: 0.040, 5: 0.056}
+    prediction = S.predict(counts, stats, steps.get, nodes)
+    assert prediction.tree_tokens == pytest.approx(2.0) == prediction.tokens
+    assert prediction.by_depth == (0.75, 0.5) and prediction.g == 4.0
+    assert prediction.speedup == pytest.approx(speedup_of_rounds(2.0, 4.0, 0.025, 1.4, 1.0))
+    line = S.theory_line(prediction, None)
+    assert line.startswith("Predicted (trees, per-node acceptance): ")
+    assert "2.00 tokens per drafting round (acceptance by depth 0.75, 0.50), 4.0 nodes per round" in line
+    # chains only (no tree round): Leviathan's formula as before
+    chains = NodeAcceptance()
+    chains.add_chain(2, 1)
+    assert S.predict(counts, stats, steps.get, chains).tree_tokens is None
+
+
 def test_no_prediction_before_a_drafting_round_or_a_measured_step():
     plain = RoundTally(rounds=3, plain_rounds=3, rejections=0, accepted=0)
     assert S.predict(plain, {"drafted_tokens": 0}, {1: 0.04}.get) is None

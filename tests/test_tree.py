@@ -176,6 +176,44 @@ def test_a_tree_over_its_budget_is_refused(target, references, smol_tokenizer):
         engine.generate(ids, SamplingParams(max_new_tokens=4), tree_nodes=4)
 
 
+class RecordingTreeDrafter(OracleTreeDrafter):
+    """The oracle, keeping every tree it proposed."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.drafts: list[Draft] = []
+
+    def propose_tree(self, context, k, nodes, params, generator) -> Draft:
+        draft = super().propose_tree(context, k, nodes, params, generator)
+        self.drafts.append(draft)
+        return draft
+
+
+def test_the_engine_keeps_the_last_tree_round_and_every_nodes_place(target, references, smol_tokenizer):
+    """Stats.last_tree is the last tree verified (tokens, parents, the path kept, the target's
+    own token and its source), what the app draws; Stats.node_acceptance counts every drafting
+    round's nodes by place, what the tree theory reads."""
+    ids, expected = references[0]
+    drafter = RecordingTreeDrafter(ids + expected, random_shape, 8, decoys_for(expected), 5)
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter, draft_length=3, adaptive=False)
+    result = engine.generate(ids, SamplingParams(max_new_tokens=NEW_TOKENS))
+    assert result.token_ids == expected
+    trees = [draft for draft in drafter.drafts if draft.tokens]
+    last, stats = trees[-1], engine.stats
+    tree = stats.last_tree
+    assert (list(tree.tokens), list(tree.parents), list(tree.path)) == (last.tokens, last.parents, drafter.kept[-1])
+    assert tree.source == ("bonus" if last.is_leaf(tree.path[-1] if tree.path else -1) else "resampled")
+    # the round gave the path's drafts, then the target's own token, with the sources the chat shows
+    gave = ([last.tokens[node] for node in tree.path] + [tree.token], ["draft"] * len(tree.path) + [tree.source])
+    n = len(tree.path) + 1
+    assert any((result.token_ids[i:i + n], result.sources[i:i + n]) == gave for i in range(len(result.token_ids)))
+    nodes = stats.node_acceptance
+    assert nodes.tree_rounds == nodes.rounds == stats.tree_rounds
+    assert nodes.nodes == stats.tree_nodes_verified
+    assert nodes.measured_tokens() == pytest.approx(1 + stats.tree_accepted_depth / stats.tree_rounds)
+    assert "last_tree" not in stats.as_dict() and "node_acceptance" not in stats.as_dict()
+
+
 # ---------------------------------------------------------------- the verify step and compaction
 
 

@@ -3,8 +3,9 @@
 ours-*  SpeculativeEngine with drafter none / model / prompt_lookup / eagle / hybrid / medusa /
         layer_skip (the preset's draft length and adaptivity; layer_skip calibrates its layers as
         it is made); ours-eagle verifies chains only, ours-eagle-tree the EAGLE head's dynamic
-        trees sized by the policy (on a target path that verifies trees: eager or row-exact, not
-        compiled steps, where it equals ours-eagle).
+        trees sized by the policy, ours-medusa the Medusa heads' candidate trees sized alike (on a
+        target path that verifies trees: eager or row-exact, not compiled steps, where they
+        verify chains).
 hf-*    Hugging Face `generate()`: plain greedy, assisted generation with the preset's draft as
         `assistant_model`, and prompt lookup (`prompt_lookup_num_tokens=10`).
 llamacpp  llama.cpp (llama-cpp-python) decoding the preset's GGUF file plainly and greedily: the
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..chat import eos_token_ids
-from ..events import RoundTally
+from ..events import NodeAcceptance, RoundTally
 from ..sampling import SamplingParams
 
 OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lookup"
@@ -60,8 +61,10 @@ _OURS_DRAFTER = {
     OURS_LAYER_SKIP: "layer_skip",
 }
 # The most nodes a round may verify as a tree (engine.stream's tree_nodes): 0 chains only; None:
-# the policy sizes them. Methods not named here verify chains, as they did before trees.
-_TREE_NODES = {OURS_EAGLE_TREE: None}
+# the policy sizes them. Methods not named here verify chains, as they did before trees. Medusa's
+# heads are verified as a candidate tree (the method's point); its drafter proposes chains where
+# a tree can't be (sampled rounds, no room).
+_TREE_NODES = {OURS_EAGLE_TREE: None, OURS_MEDUSA: None}
 
 
 @dataclass
@@ -83,6 +86,9 @@ class Run:
     # Rounds that drafted / kept at each depth (draft position), as the engine counted them: a
     # tree round fills depths 1..its depth, not one position per node. None: from `rounds`.
     by_depth: tuple[list[int], list[int]] | None = None
+    # Every drafting round's nodes by place, as the engine counted them (Stats.node_acceptance):
+    # the tree theory's per-node acceptance. None: the rounds were chains, counted from `rounds`.
+    nodes: NodeAcceptance | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -115,6 +121,7 @@ class RunTotals:
     ttft_s: float = 0.0  # summed over the runs
     decode_tokens: int = 0  # tokens after each run's first round
     decode_s: float = 0.0  # seconds after each run's first token
+    nodes: NodeAcceptance = field(default_factory=NodeAcceptance)  # drafting rounds' nodes by place
 
     def add(self, run: Run) -> None:
         if run.draft_s is None:
@@ -142,6 +149,16 @@ class RunTotals:
         for position, (drafted, accepted) in enumerate(zip(drafted_by_depth, accepted_by_depth)):
             self.drafted_by_position[position] += drafted
             self.accepted_by_position[position] += accepted
+        self.nodes.merge(run.nodes or _chain_nodes(run.rounds))
+
+
+def _chain_nodes(rounds: list[tuple[int, int]]) -> NodeAcceptance:
+    """Chains' drafting rounds counted by node place (Hugging Face's traced rounds)."""
+    nodes = NodeAcceptance()
+    for drafted, accepted in rounds:
+        if drafted:
+            nodes.add_chain(drafted, accepted)
+    return nodes
 
 
 def _by_position(rounds: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
@@ -321,7 +338,8 @@ def timed_run(method, prompt_ids: list[int], params: SamplingParams) -> Run:
         stats = method.engine.stats
         return Run(method.name, token_ids, wall_s, list(stats.rounds), draft_s=stats.draft_s,
                    ttft_s=stats.ttft_s, first_round_tokens=stats.first_round_tokens,
-                   by_depth=(list(stats.drafted_by_position), list(stats.accepted_by_position)))
+                   by_depth=(list(stats.drafted_by_position), list(stats.accepted_by_position)),
+                   nodes=stats.node_acceptance)
     ends: list[float] = []
     with trace_forwards(method.target, ends) as calls:
         start = time.perf_counter()

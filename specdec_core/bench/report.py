@@ -129,6 +129,13 @@ def _figures(c: RunTotals, identical: list[bool], questions: int) -> dict:
         "rejections": c.rejections,
         "drafted_by_position": c.drafted_by_position,
         "accepted_by_position": c.accepted_by_position,
+        # Of the rounds whose kept path reached depth d - 1 (and drafted on from there), the share
+        # that kept a token at depth d: a chain's acceptance by position, a tree's by depth.
+        "acceptance_by_depth": c.nodes.acceptance_by_depth(),
+        "tree_rounds": c.nodes.tree_rounds,
+        # Trees only: per-node acceptance by depth and sibling rank, and the tokens per drafting
+        # round it predicts beside those measured (None: no tree was verified).
+        "trees": c.nodes.as_dict() if c.nodes.tree_rounds else None,
     }
 
 
@@ -271,9 +278,10 @@ def markdown(report: dict) -> str:
             "## Theory check (Leviathan et al.): predicted vs measured decode-phase speedup over the method's "
             "own baseline",
             "",
-            "a: acceptance probability per drafted token; g: mean draft length of drafting rounds; "
-            "c: draft cost per drafted token (ours: timed during the runs) / target 1-token step; "
-            "v: verify step / 1-token step; share: rounds that drafted.",
+            "a: acceptance probability per drafted token; g: mean draft length of drafting rounds (a tree's: "
+            "its nodes); c: draft cost per drafted token (ours: timed during the runs) / target 1-token step; "
+            "v: verify step / 1-token step; share: rounds that drafted. Methods that verified trees are "
+            "predicted from their per-node acceptance instead of a (see Trees).",
             "",
             "| method | category | a | g | c | v | share | predicted | measured | efficiency |",
             "|---|---|---|---|---|---|---|---|---|---|",
@@ -288,6 +296,7 @@ def markdown(report: dict) -> str:
                     f"{_pct(t['efficiency'])} |"
                 )
         lines.append("")
+    lines += _tree_lines(report)
     if report.get("step_costs"):
         lines += [
             "## Step costs (median of probes, ms)",
@@ -328,6 +337,42 @@ def markdown(report: dict) -> str:
                          f"{'yes' if t['met'] else '**no**'} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _tree_lines(report: dict) -> list[str]:
+    """The tree methods' section: acceptance by depth, and the tree theory line (tokens per
+    drafting round expected from the per-node acceptance, beside those measured)."""
+    results, theory = report["results"], report.get("theory") or {}
+    methods = [m for m in results if results[m][OVERALL].get("trees")]
+    if not methods:
+        return []
+    lines = [
+        "## Trees: acceptance by depth and the tree theory line",
+        "",
+        "Acceptance at depth d: of the rounds whose kept path reached depth d - 1, the share that kept a "
+        "token at depth d. Expected tokens per drafting round: 1 + the sum over the drafted nodes of the "
+        "product of the per-node acceptance (by depth and sibling rank) along each node's path; the "
+        "predicted speedup prices those tokens at the drafting and verify costs of the nodes drafted.",
+        "",
+        "| method | category | tree rounds / drafting rounds | nodes per drafting round | acceptance by depth | "
+        "tokens per drafting round: expected / measured | predicted | measured | efficiency |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in methods:
+        for f, figures in results[m].items():
+            trees = figures.get("trees")
+            if not trees:
+                continue
+            t = theory.get(m, {}).get(f, {})
+            depths = " · ".join(f"{rate:.2f}" for rate in trees["acceptance_by_depth"])
+            lines.append(
+                f"| {m} | {_label(f)} | {trees['tree_rounds']} / {trees['drafting_rounds']} | "
+                f"{trees['nodes_per_drafting_round']:.1f} | {depths} | "
+                f"{trees['expected_tokens_per_drafting_round']:.2f} / {trees['measured_tokens_per_drafting_round']:.2f} | "
+                f"{_x(t.get('predicted_speedup'))} | {_x(t.get('measured_speedup'))} | {_pct(t.get('efficiency'))} |"
+            )
+    lines.append("")
+    return lines
 
 
 def _table(methods, heads, cell, columns) -> list[str]:

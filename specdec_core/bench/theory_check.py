@@ -20,7 +20,7 @@ from .methods import RunTotals
 from .cost_model import time_steps
 from ..drafters import find_continuation
 from ..decoding.eager import CachedModel
-from ..theory import expected_tokens, predicted_speedup  # noqa: F401 - predicted_speedup: the bench's name too
+from ..theory import expected_tokens, predicted_speedup, speedup_of_rounds  # noqa: F401 - predicted_speedup: the bench's name too
 
 
 def acceptance_probability(counts: RunTotals) -> float:
@@ -104,7 +104,9 @@ def measure_step_costs(
 def theory_check(
     counts: RunTotals, costs: ProbedCosts, uses_draft_model: bool, measured_speedup: float | None
 ) -> dict:
-    """Leviathan's prediction for one method on one category, and the efficiency it implies.
+    """Leviathan's prediction for one method on one category, and the efficiency it implies;
+    for a method that verified trees, the tokens per drafting round come from the per-node
+    acceptance (theory.expected_tree_tokens) instead of Leviathan's chain formula.
 
     c is per drafted token, over the probed target step: for our engine the drafting time it
     measured during the runs (any drafter: the EAGLE head's steps, lookup's searches, the draft
@@ -122,19 +124,32 @@ def theory_check(
     else:
         c = costs.lookup_s / costs.target_step_s / g if g else 0.0
     v = costs.verify_ratio(g) if g else 1.0
-    predicted = predicted_speedup(a, g, c, v, share) if g else 1.0
+    trees = counts.nodes.tree_rounds > 0
+    # A method that verified trees: the tokens its drafting rounds should yield follow from the
+    # measured acceptance of each node by place (depth, sibling rank), summed over the trees it
+    # drafted; a chain formula over its node count would price a 16-node tree as a 16-long chain.
+    tokens = (counts.nodes.expected_tokens() if trees else expected_tokens(a, g)) if g else 1.0
+    predicted = speedup_of_rounds(tokens, g, c, v, share) if g else 1.0
     efficiency = measured_speedup / predicted if measured_speedup is not None and predicted else None
     return {
+        "model": TREE_MODEL if trees else CHAIN_MODEL,
         "a": a,
         "g": g,
         "c": c,
         "v": v,
         "draft_share": share,
-        "expected_tokens_per_drafting_round": expected_tokens(a, g) if g else 1.0,
+        "expected_tokens_per_drafting_round": tokens,
+        "measured_tokens_per_drafting_round": counts.nodes.measured_tokens(),
+        "acceptance_by_depth": counts.nodes.acceptance_by_depth(),
         "predicted_speedup": predicted,
         "measured_speedup": measured_speedup,
         "efficiency": efficiency,
     }
+
+
+# Which expected-tokens formula a theory line used (results.json's theory "model").
+CHAIN_MODEL = "chain (Leviathan: one acceptance a per draft token)"
+TREE_MODEL = "tree (per-node acceptance by depth and sibling rank)"
 
 
 def probe_all(
