@@ -16,6 +16,7 @@ import math
 import os
 import pickle
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -151,6 +152,15 @@ def schedule(total_steps: int):
     return factor
 
 
+def optimizer_step(loss: torch.Tensor, model: torch.nn.Module, optimizer, scheduler) -> None:
+    """One step of both trainers' recipe: gradients clipped to norm 1, then the learning rate's schedule."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+
+
 # ---------------------------------------------------------------- checkpoints
 
 
@@ -163,6 +173,13 @@ class Progress:
     seconds: float = 0.0  # training time so far, over all resumptions
     history: list[dict] = field(default_factory=list)  # held-out measurements at evaluation points
     stopped_early: bool = False
+
+    def stepped(self, positions: int, resumed_at: float) -> None:
+        """Count a step that trained `positions` positions; `resumed_at`: when training would have
+        started had it never stopped (time.monotonic() less the seconds trained before)."""
+        self.step += 1
+        self.tokens += positions
+        self.seconds = time.monotonic() - resumed_at
 
 
 def resume(path: Path, settings: RunSettings, model, optimizer, scheduler) -> Progress:

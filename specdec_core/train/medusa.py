@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..drafters.eagle_head import default_layer_ids
 from ..drafters.medusa_heads import WEIGHTS_FILE, MedusaHeads
 from ..presets.loading import load_preset
-from .base import SAVE_DTYPES, RunSettings, autocast, load_split, resume, save_checkpoint, schedule, write_data
+from .base import SAVE_DTYPES, RunSettings, autocast, load_split, optimizer_step, resume, save_checkpoint, schedule, write_data
 from .dataset import Sequence, draft_vocabulary
 from .outputs import DATA_WRITERS, check_out
 
@@ -88,14 +88,8 @@ def train_medusa(settings: MedusaSettings, stop_after: int | None = None) -> dic
         heads.train()
         with autocast(settings.train_dtype):
             loss, positions = heads_loss(heads, readout, to_readout, _batch(train_set, settings, progress.step, per_epoch))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        progress.step += 1
-        progress.tokens += positions
-        progress.seconds = time.monotonic() - resumed_at
+        optimizer_step(loss, heads, optimizer, scheduler)
+        progress.stepped(positions, resumed_at)
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
         if progress.step in eval_steps:

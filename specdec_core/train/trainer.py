@@ -21,8 +21,8 @@ from tqdm.auto import tqdm
 
 from ..drafters.eagle_head import Eagle3Head, default_layer_ids
 from ..presets.loading import load_preset
-from .base import SAVE_DTYPES, RunSettings, autocast, load_split, resume, save_checkpoint, schedule, write_data
-from .base import HELDOUT_BY_TARGET, data_model  # noqa: F401 (named here before base.py; scripts and tests import them from here)
+from .base import SAVE_DTYPES, RunSettings, autocast, load_split, optimizer_step, resume, save_checkpoint, schedule, write_data
+from .base import data_model  # noqa: F401 (named here before base.py: tests and scripts import it from here)
 from .dataset import Sequence, coverage, draft_vocabulary, make_batch
 from .outputs import check_out, write_outputs
 from .ttt import Acceptance, measure_acceptance, ttt_loss
@@ -81,14 +81,8 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
         sequences = _batch_sequences(train_set, settings, progress.step, per_epoch)
         with autocast(settings.train_dtype):
             loss, report = ttt_loss(head, embedding, draft_lm_head, make_batch(sequences, settings.ttt_steps), settings.ttt_steps)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        progress.step += 1
-        progress.tokens += report.get(1, (0, 0, 0))[2]
-        progress.seconds = time.monotonic() - resumed_at
+        optimizer_step(loss, head, optimizer, scheduler)
+        progress.stepped(report.get(1, (0, 0, 0))[2], resumed_at)
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree1=f"{report.get(1, (0, 0))[1]:.3f}")
         if progress.step in eval_steps:
