@@ -6,7 +6,7 @@ by a chi-square test. Sampling from the draft instead, or a wrong residual, fail
 """
 
 from collections import Counter
-from dataclasses import replace
+import dataclasses
 
 import pytest
 import torch
@@ -47,7 +47,7 @@ def exact_two_token_distribution(model, eos_ids, params):
 def empirical(engine, params):
     counts = Counter()
     for seed in range(RUNS):
-        counts[tuple(engine.generate(PROMPT, replace(params, max_new_tokens=2, seed=seed)).token_ids)] += 1
+        counts[tuple(engine.generate(PROMPT, dataclasses.replace(params, max_new_tokens=2, seed=seed)).token_ids)] += 1
     return counts
 
 
@@ -219,9 +219,9 @@ def test_tree_drafts_sample_the_target_distribution(pair, smol_tokenizer, replac
     exact = exact_two_token_distribution(target, engine.eos_ids, params)
     counts = Counter()
     for seed in range(RUNS):  # 3 tokens, so the first round drafts two levels: its tokens are the first two
-        counts[tuple(engine.generate(PROMPT, replace(params, max_new_tokens=3, seed=seed)).token_ids[:2])] += 1
+        counts[tuple(engine.generate(PROMPT, dataclasses.replace(params, max_new_tokens=3, seed=seed)).token_ids[:2])] += 1
     assert chi_square_p_value(counts, exact) > 1e-3
-    flat = replace(params, temperature=params.temperature * 6)
+    flat = dataclasses.replace(params, temperature=params.temperature * 6)
     assert chi_square_p_value(counts, exact_two_token_distribution(target, engine.eos_ids, flat)) < 1e-6
     assert {0, 1, 2} <= set(drafter.depths_kept)  # rejected, one level kept, two kept: all happen
 
@@ -277,7 +277,7 @@ def test_eagle_trees_sample_the_target_distribution(pair, smol_tokenizer, draft_
     exact = exact_two_token_distribution(target, engine.eos_ids, params)
     counts, tree_rounds, kept = Counter(), 0, Counter()
     for seed in range(RUNS):
-        result = engine.generate(PROMPT, replace(params, max_new_tokens=3, seed=seed), tree_nodes=6)
+        result = engine.generate(PROMPT, dataclasses.replace(params, max_new_tokens=3, seed=seed), tree_nodes=6)
         counts[tuple(result.token_ids[:2])] += 1
         tree_rounds += result.stats.tree_rounds
         kept[result.stats.rounds[0][1]] += 1
