@@ -169,6 +169,37 @@ def tree_app_server(tree_app_config):
     yield from _served(tree_app_config)
 
 
+# ---------------------------------------------------------------- the trainers (EAGLE, Medusa)
+
+
+@pytest.fixture(scope="session")
+def tiny_train_config(tmp_path_factory, smol_tokenizer):
+    """A models.yaml whose preset `tiny-train` is a tiny random Llama target (a local folder) for
+    the trainers to train drafters for (tests/trainer_runs.py)."""
+    from tests.tiny_models import tiny_llama
+    from tests.trainer_runs import TRAIN_PRESETS
+
+    folder = tmp_path_factory.mktemp("train-presets")
+    target = tiny_llama(seed=5, init=0.2)
+    target.save_pretrained(folder / "target")
+    smol_tokenizer.save_pretrained(folder / "target")
+    (folder / "models.yaml").write_text(TRAIN_PRESETS)
+    return folder / "models.yaml"
+
+
+@pytest.fixture(scope="session")
+def tiny_train_data(tmp_path_factory, tiny_train_config):
+    """The data shards both trainers' tests train on (tests/trainer_runs.py's QUICK_DATA for
+    tiny-train), written once, as `train_eagle --data-only` writes them: the data folder."""
+    from specdec_core.train.trainer import TrainSettings, train
+    from tests.trainer_runs import QUICK_DATA
+
+    work = tmp_path_factory.mktemp("train-data")
+    train(TrainSettings("tiny-train", str(work / "no-head"), config=str(tiny_train_config), work=str(work),
+                        data_only=True, **QUICK_DATA))
+    return work / "data"
+
+
 # ---------------------------------------------------------------- presets, loading, the CLI
 
 

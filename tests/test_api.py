@@ -30,6 +30,7 @@ from specdec_core.presets.config import DRAFTERS, load_presets
 from specdec_core.presets.holder import MAX_WAITING
 from specdec_core.serve import MAX_BODY_BYTES, access_for, api_routes
 from tests.conftest import free_port
+from tests.device_watch import assert_no_more_forwards, forwards_of, turn_held
 from tests.test_app import controls, outputs, run_app, token_spans, wait_for_line
 from tests.tiny_models import require, smollm2_dir
 
@@ -48,17 +49,23 @@ def launch_server(config, holder, key=None, allowed_origins=()):
     return demo
 
 
-@pytest.fixture(scope="module")
-def server(tiny_app_config):
-    """The app with its API (open on loopback), and the same models behind a second, keyed server."""
-    holder = app.ModelHolder(str(tiny_app_config), start_preset="tiny")
-    demo = launch_server(tiny_app_config, holder)
-    keyed = launch_server(tiny_app_config, holder, key=KEY, allowed_origins=[ALLOWED_PAGE + "/"])
-    yield SimpleNamespace(url=demo.local_url, api=demo.local_url + "v1", keyed_api=keyed.local_url + "v1",
-                          holder=holder)
+def served(config, allowed_origins=()):
+    """A server fixture's body: the app with its API open on loopback, and a second server keyed
+    (KEY) on the same models; yields their addresses and the holder, then closes them."""
+    holder = app.ModelHolder(str(config), start_preset="tiny")
+    demo = launch_server(config, holder)
+    keyed = launch_server(config, holder, key=KEY, allowed_origins=allowed_origins)
+    yield SimpleNamespace(url=demo.local_url, api=demo.local_url + "v1", keyed_url=keyed.local_url,
+                          keyed_api=keyed.local_url + "v1", holder=holder, demo=demo)
     demo.close()
     keyed.close()
     holder.release()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_app_config):
+    """The app with its API (open on loopback), and the same models behind a second, keyed server."""
+    yield from served(tiny_app_config, allowed_origins=[ALLOWED_PAGE + "/"])
 
 
 @pytest.fixture
@@ -316,32 +323,24 @@ def test_a_drafter_the_preset_cannot_run_is_a_400(client):
 
 
 def test_beyond_16_waiting_is_a_429(server, client):
-    turns, held, release = server.holder.turns, threading.Event(), threading.Event()
-
-    def hold():
-        with turns.turn():
-            held.set()
-            release.wait(60)
+    turns = server.holder.turns
 
     def wait_in_line():
         with turns.turn():
             pass
 
-    threads = [threading.Thread(target=hold)]
-    threads[0].start()
-    held.wait(30)
-    threads += [threading.Thread(target=wait_in_line) for _ in range(MAX_WAITING)]
-    for thread in threads[1:]:
-        thread.start()
+    waiting = [threading.Thread(target=wait_in_line) for _ in range(MAX_WAITING)]
     try:
-        while turns.waiting < MAX_WAITING:
-            time.sleep(0.01)
-        with pytest.raises(openai.RateLimitError) as caught:
-            ask(client, max_tokens=2)
-        assert caught.value.status_code == 429 and "16 requests are already waiting" in caught.value.body["message"]
+        with turn_held(turns):
+            for thread in waiting:
+                thread.start()
+            while turns.waiting < MAX_WAITING:
+                time.sleep(0.01)
+            with pytest.raises(openai.RateLimitError) as caught:
+                ask(client, max_tokens=2)
+            assert caught.value.status_code == 429 and "16 requests are already waiting" in caught.value.body["message"]
     finally:
-        release.set()
-        for thread in threads:
+        for thread in waiting:
             thread.join(30)
     assert ask(client, max_tokens=2).usage.completion_tokens == 2
 
@@ -657,61 +656,34 @@ def test_two_clients_at_once_are_served_one_after_the_other(server, client):
 
 
 def test_a_client_that_disconnects_frees_the_device(server, client):
-    target = server.holder.get("tiny").target
-    forwards = []
-    hook = target.register_forward_hook(lambda *_: forwards.append(time.monotonic()))
-    try:
+    with forwards_of(server.holder.get("tiny").target) as forwards:
         stream = ask(client, "Go on and on", max_tokens=450, stream=True,
                      extra_body={"speculative": {"drafter": "none"}})
         for n, _ in enumerate(stream):
             if n == 10:
                 break
         stream.close()  # the client hangs up mid-stream
-        time.sleep(1.0)  # a plain round is a few ms here: work left would show in this second
-        count = len(forwards)
-        time.sleep(1.0)
-        assert len(forwards) == count, "the engine kept computing after the client left"
-        assert count < 440
-    finally:
-        hook.remove()
+        assert_no_more_forwards(forwards, after="the client left")
     assert ask(client, max_tokens=3).usage.completion_tokens == 3  # the device is free
 
 
 def test_a_client_that_hangs_up_on_a_non_streamed_request_frees_the_device(server, client):
-    target = server.holder.get("tiny").target
-    forwards = []
-    hook = target.register_forward_hook(lambda *_: forwards.append(1))
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Go on and on"}],
                        "max_tokens": 450, "temperature": 0, "speculative": {"drafter": "none"}}).encode()
     port = int(server.api.rsplit(":", 1)[1].split("/")[0])
-    try:
+    with forwards_of(server.holder.get("tiny").target) as forwards:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
             connection.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             while len(forwards) < 10:
                 time.sleep(0.005)
-        time.sleep(1.0)
-        count = len(forwards)
-        time.sleep(1.0)
-        assert len(forwards) == count, "the engine kept computing after the client hung up"
-        assert count < 440
-    finally:
-        hook.remove()
+        assert_no_more_forwards(forwards, after="the client hung up")
     assert ask(client, max_tokens=3).usage.completion_tokens == 3
 
 
 def test_a_client_that_leaves_the_queue_never_runs(server, client):
-    turns, held, release = server.holder.turns, threading.Event(), threading.Event()
-
-    def hold():
-        with turns.turn():
-            held.set()
-            release.wait(60)
-
-    holder_thread = threading.Thread(target=hold)
-    holder_thread.start()
-    held.wait(30)
-    try:
+    turns = server.holder.turns
+    with turn_held(turns):
         quick = openai.OpenAI(base_url=server.api, api_key="x", max_retries=0, timeout=1.0)
         with pytest.raises(openai.APITimeoutError):
             ask(quick, max_tokens=2)
@@ -719,9 +691,6 @@ def test_a_client_that_leaves_the_queue_never_runs(server, client):
         while turns.waiting and time.monotonic() < deadline:
             time.sleep(0.05)
         assert turns.waiting == 0  # it left its place when it disconnected
-    finally:
-        release.set()
-        holder_thread.join(30)
 
 
 # ---------------------------------------------------------------- the real offline preset, `python app.py`

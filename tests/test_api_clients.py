@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import httpx
 import openai
@@ -24,12 +23,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import GenerationConfig
 
-import app
 from specdec_core import SamplingParams
 from specdec_core.chat import chat_prompt_ids
 from specdec_core.engine import SpeculativeEngine
 from tests.conftest import TINY_APP_PRESETS
-from tests.test_api import KEY, REPO, launch_server
+from tests.test_api import KEY, REPO, served
 from tests.tiny_models import require
 
 MODEL_SAMPLING = dict(temperature=0.7, top_p=0.8, top_k=20)  # what tiny-sampling's generation_config sets
@@ -55,14 +53,7 @@ def server(tiny_app_config, tmp_path_factory):
     generation.save_pretrained(folder / "target-sampling")
     config = folder / "models.yaml"
     config.write_text(TINY_APP_PRESETS + SAMPLING_PRESET)
-    holder = app.ModelHolder(str(config), start_preset="tiny")
-    demo = launch_server(config, holder)
-    keyed = launch_server(config, holder, key=KEY)
-    yield SimpleNamespace(url=demo.local_url, api=demo.local_url + "v1", keyed_url=keyed.local_url,
-                          keyed_api=keyed.local_url + "v1", holder=holder, demo=demo)
-    demo.close()
-    keyed.close()
-    holder.release()
+    yield from served(config)
 
 
 @pytest.fixture

@@ -27,6 +27,8 @@ from specdec_core import SamplingParams
 from specdec_core.chat import chat_prompt_ids
 from tests.conftest import TREE_MESSAGE, free_port
 
+from tests.device_watch import assert_no_more_forwards, forwards_of
+
 REPO = Path(__file__).resolve().parents[1]
 SPAN = re.compile(r'<span class="tok tok-(\w+)" style="[^"]*">(.*?)</span>', re.S)
 OUT = ["msg", "chat", "chat_baseline", "stats", "plot", "speedup", "models",  # client outputs
@@ -300,19 +302,9 @@ def start_long_reply(client, forwards):
 
 
 def test_stop_ends_the_work_and_the_next_message_works(app_server, client):
-    target = app_server.holder.get("tiny").target
-    forwards = []
-    hook = target.register_forward_hook(lambda *_: forwards.append(time.monotonic()))
-    try:
-        job = start_long_reply(client, forwards)
-        job.cancel()
-        time.sleep(1.0)  # a round is a few ms here: any work left would show up in this second
-        count = len(forwards)
-        time.sleep(1.0)
-        assert len(forwards) == count, "the engine kept computing after Stop"
-        assert count < 440
-    finally:
-        hook.remove()
+    with forwards_of(app_server.holder.get("tiny").target) as forwards:
+        start_long_reply(client, forwards).cancel()
+        assert_no_more_forwards(forwards, after="Stop")
     after = outputs(send(client, "Still there?"))
     roles = [m["role"] for m in after["chat"]]
     assert roles[-2:] == ["user", "assistant"] and token_spans(after["chat"][-1])
@@ -320,10 +312,7 @@ def test_stop_ends_the_work_and_the_next_message_works(app_server, client):
 
 
 def test_stop_button_ends_the_engine_within_one_round(app_server, client):
-    target = app_server.holder.get("tiny").target
-    forwards = []
-    hook = target.register_forward_hook(lambda *_: forwards.append(time.monotonic()))
-    try:
+    with forwards_of(app_server.holder.get("tiny").target) as forwards:
         job = start_long_reply(client, forwards)
         panel, *_ = client.predict("x · generating…", "", api_name="/stop")  # what the Stop button calls
         at_stop = len(forwards)
@@ -332,8 +321,6 @@ def test_stop_button_ends_the_engine_within_one_round(app_server, client):
         time.sleep(0.5)
         # Baseline rounds are one forward each: at most the round in flight finishes.
         assert len(forwards) - at_stop <= 1, "the engine ran on after Stop"
-    finally:
-        hook.remove()
     assert panel == "x · stopped"
     after = outputs(send(client, "Next"))
     assert [m["role"] for m in after["chat"]] == ["user", "assistant", "user", "assistant"]

@@ -12,6 +12,7 @@ from transformers import LlamaConfig
 from specdec_core.drafters.eagle_head import ARCHITECTURE, Eagle3Head, default_layer_ids
 from specdec_core.errors import LoadError
 from specdec_core.decoding.eager import growing_cache
+from tests.tiny_models import FOLDER_DAMAGES, damaged_folder
 
 SMOLLM2_SHAPE = dict(
     vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -118,25 +119,14 @@ def test_vllm_names_and_a_full_vocabulary_head_load(tmp_path):
     assert loaded.target_token_ids().tolist() == list(range(300))
 
 
-@pytest.mark.parametrize("damage", ["no_folder", "no_config", "bad_json", "wrong_arch", "no_weights", "bad_weights", "wrong_shape"])
+EAGLE_DAMAGES = {"wrong_arch": lambda config: {**config, "architectures": ["LlamaForCausalLM"]},
+                 "wrong_shape": lambda config: {**config, "hidden_size": 32}}
+
+
+@pytest.mark.parametrize("damage", [*FOLDER_DAMAGES, *EAGLE_DAMAGES])
 def test_broken_heads_fail_with_one_line(tmp_path, damage):
-    folder = tmp_path / "head"
-    Eagle3Head.random(_tiny_target_config(), draft_vocab_size=20).save(folder)
-    config = folder / "config.json"
-    if damage == "no_folder":
-        folder = tmp_path / "missing"
-    elif damage == "no_config":
-        config.unlink()
-    elif damage == "bad_json":
-        config.write_text("{not json")
-    elif damage == "wrong_arch":
-        config.write_text(json.dumps({**json.loads(config.read_text()), "architectures": ["LlamaForCausalLM"]}))
-    elif damage == "no_weights":
-        (folder / "model.safetensors").unlink()
-    elif damage == "bad_weights":
-        (folder / "model.safetensors").write_bytes(b"garbage" * 10)
-    elif damage == "wrong_shape":
-        config.write_text(json.dumps({**json.loads(config.read_text()), "hidden_size": 32}))
+    Eagle3Head.random(_tiny_target_config(), draft_vocab_size=20).save(tmp_path / "head")
+    folder = damaged_folder(tmp_path / "head", damage, "model.safetensors", EAGLE_DAMAGES)
     with pytest.raises(LoadError) as raised:
         Eagle3Head.load(folder)
     assert "\n" not in str(raised.value)

@@ -6,6 +6,7 @@ by a chi-square test. Sampling from the draft instead, or a wrong residual, fail
 """
 
 from collections import Counter
+import dataclasses
 
 import pytest
 import torch
@@ -46,10 +47,36 @@ def exact_two_token_distribution(model, eos_ids, params):
 def empirical(engine, params):
     counts = Counter()
     for seed in range(RUNS):
-        run_params = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                    max_new_tokens=2, seed=seed)
-        counts[tuple(engine.generate(PROMPT, run_params).token_ids)] += 1
+        counts[tuple(engine.generate(PROMPT, dataclasses.replace(params, max_new_tokens=2, seed=seed)).token_ids)] += 1
     return counts
+
+
+def drafted_and_accepted(engine, max_new_tokens: int, runs: int = 100) -> tuple[int, int]:
+    """Draft tokens proposed and accepted over `runs` seeded replies at temperature 1: a test
+    that both are above 0 and apart shows the drafter drafts and is not the target itself."""
+    drafted = accepted = 0
+    for seed in range(runs):
+        stats = engine.generate(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed)).stats
+        drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
+    return drafted, accepted
+
+
+# The EAGLE head's draft vocabularies: all 8 tokens, and a reduced, shuffled one (q is zero on
+# the tokens it lacks; d2t maps the rest).
+EAGLE_VOCABULARIES = pytest.mark.parametrize(
+    "draft_vocab, params",
+    [
+        ([0, 1, 2, 3, 4, 5, 6, 7], SamplingParams(temperature=1.0)),
+        ([6, 3, 7, 0, 4], SamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
+    ],
+    ids=["full-vocab-t1", "5-of-8-t0.7-topk5-topp0.9"],
+)
+
+
+def eagle_engine(target, tokenizer, draft_vocab) -> SpeculativeEngine:
+    head = Eagle3Head.random(target.config, draft_vocab_size=len(draft_vocab), seed=5)  # init 0.6: peaked
+    head.set_draft_vocab(draft_vocab)
+    return SpeculativeEngine(target, tokenizer, drafter=EagleDrafter(head), draft_length=2, adaptive=False)
 
 
 def chi_square_p_value(counts, exact):
@@ -106,27 +133,14 @@ def test_prompt_lookup_samples_the_target_distribution(pair, smol_tokenizer):
     assert chi_square_p_value(counts, exact) > 1e-3
 
 
-@pytest.mark.parametrize(
-    "draft_vocab, params",
-    [
-        ([0, 1, 2, 3, 4, 5, 6, 7], SamplingParams(temperature=1.0)),
-        # a reduced, shuffled draft vocabulary: q is zero on the tokens it lacks (d2t maps the rest)
-        ([6, 3, 7, 0, 4], SamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
-    ],
-    ids=["full-vocab-t1", "5-of-8-t0.7-topk5-topp0.9"],
-)
+@EAGLE_VOCABULARIES
 def test_eagle_head_samples_the_target_distribution(pair, smol_tokenizer, draft_vocab, params):
     target, _ = pair
-    head = Eagle3Head.random(target.config, draft_vocab_size=len(draft_vocab), seed=5)  # init 0.6: peaked
-    head.set_draft_vocab(draft_vocab)
-    engine = SpeculativeEngine(target, smol_tokenizer, drafter=EagleDrafter(head), draft_length=2, adaptive=False)
+    engine = eagle_engine(target, smol_tokenizer, draft_vocab)
     exact = exact_two_token_distribution(target, engine.eos_ids, params)
     counts = empirical(engine, params)
     assert chi_square_p_value(counts, exact) > 1e-3
-    drafted = accepted = 0
-    for seed in range(100):
-        stats = engine.generate(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=2, seed=seed)).stats
-        drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
+    drafted, accepted = drafted_and_accepted(engine, max_new_tokens=2)
     assert 0 < accepted < drafted  # the head drafts, and it is not the target
 
 
@@ -205,11 +219,9 @@ def test_tree_drafts_sample_the_target_distribution(pair, smol_tokenizer, replac
     exact = exact_two_token_distribution(target, engine.eos_ids, params)
     counts = Counter()
     for seed in range(RUNS):  # 3 tokens, so the first round drafts two levels: its tokens are the first two
-        run = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                             max_new_tokens=3, seed=seed)
-        counts[tuple(engine.generate(PROMPT, run).token_ids[:2])] += 1
+        counts[tuple(engine.generate(PROMPT, dataclasses.replace(params, max_new_tokens=3, seed=seed)).token_ids[:2])] += 1
     assert chi_square_p_value(counts, exact) > 1e-3
-    flat = SamplingParams(temperature=params.temperature * 6, top_k=params.top_k, top_p=params.top_p)
+    flat = dataclasses.replace(params, temperature=params.temperature * 6)
     assert chi_square_p_value(counts, exact_two_token_distribution(target, engine.eos_ids, flat)) < 1e-6
     assert {0, 1, 2} <= set(drafter.depths_kept)  # rejected, one level kept, two kept: all happen
 
@@ -232,10 +244,7 @@ def test_medusa_heads_sample_the_target_distribution(pair, smol_tokenizer, own_o
     exact = exact_two_token_distribution(target, engine.eos_ids, params)
     counts = empirical(engine, params)
     assert chi_square_p_value(counts, exact) > 1e-3
-    drafted = accepted = 0
-    for seed in range(100):
-        stats = engine.generate(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=3, seed=seed)).stats
-        drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
+    drafted, accepted = drafted_and_accepted(engine, max_new_tokens=3)
     assert 0 < accepted < drafted  # the heads draft, and they are not the target
 
 
@@ -254,35 +263,21 @@ def test_layer_skip_samples_the_target_distribution(pair, smol_tokenizer, params
     assert total_variation(exact, exact_two_token_distribution(drafter.model, engine.eos_ids, params)) > 0.1
     counts = empirical(engine, params)
     assert chi_square_p_value(counts, exact) > 1e-3
-    drafted = accepted = 0
-    for seed in range(100):
-        stats = engine.generate(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=2, seed=seed)).stats
-        drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
+    drafted, accepted = drafted_and_accepted(engine, max_new_tokens=2)
     assert 0 < accepted < drafted
 
 
-@pytest.mark.parametrize(
-    "draft_vocab, params",
-    [
-        ([0, 1, 2, 3, 4, 5, 6, 7], SamplingParams(temperature=1.0)),
-        ([6, 3, 7, 0, 4], SamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
-    ],
-    ids=["full-vocab-t1", "5-of-8-t0.7-topk5-topp0.9"],
-)
+@EAGLE_VOCABULARIES
 def test_eagle_trees_sample_the_target_distribution(pair, smol_tokenizer, draft_vocab, params):
     """The EAGLE head's dynamic trees (its most confident nodes, sent as a deterministic draft)
     keep the target's distribution: chi-square over the first two tokens of the first round,
     which drafts a tree two levels deep."""
     target, _ = pair
-    head = Eagle3Head.random(target.config, draft_vocab_size=len(draft_vocab), seed=5)
-    head.set_draft_vocab(draft_vocab)
-    engine = SpeculativeEngine(target, smol_tokenizer, drafter=EagleDrafter(head), draft_length=2, adaptive=False)
+    engine = eagle_engine(target, smol_tokenizer, draft_vocab)
     exact = exact_two_token_distribution(target, engine.eos_ids, params)
     counts, tree_rounds, kept = Counter(), 0, Counter()
     for seed in range(RUNS):
-        run = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                             max_new_tokens=3, seed=seed)
-        result = engine.generate(PROMPT, run, tree_nodes=6)
+        result = engine.generate(PROMPT, dataclasses.replace(params, max_new_tokens=3, seed=seed), tree_nodes=6)
         counts[tuple(result.token_ids[:2])] += 1
         tree_rounds += result.stats.tree_rounds
         kept[result.stats.rounds[0][1]] += 1

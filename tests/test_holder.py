@@ -11,6 +11,7 @@ import pytest
 
 from specdec_core.errors import DeviceBusy, QueueFull
 from specdec_core.presets.holder import MAX_WAITING, Cancelled, ModelHolder, Turns
+from tests.device_watch import turn_held
 
 
 def fake_holder(threads: list[str]) -> ModelHolder:
@@ -32,27 +33,18 @@ def wait_until(condition, timeout: float = 10.0) -> None:
 
 
 def test_turns_are_served_in_arrival_order():
-    turns, order, held, release = Turns(), [], threading.Event(), threading.Event()
-
-    def hold():
-        with turns.turn():
-            held.set()
-            release.wait(10)
+    turns, order, waiters = Turns(), [], []
 
     def take(n):
         with turns.turn():
             order.append(n)
 
-    first = threading.Thread(target=hold)
-    first.start()
-    held.wait(10)
-    waiters = []
-    for n in range(5):  # each joins the queue before the next starts
-        waiters.append(threading.Thread(target=take, args=(n,)))
-        waiters[-1].start()
-        wait_until(lambda: turns.waiting == n + 1)
-    release.set()
-    for thread in [first, *waiters]:
+    with turn_held(turns):
+        for n in range(5):  # each joins the queue before the next starts
+            waiters.append(threading.Thread(target=take, args=(n,)))
+            waiters[-1].start()
+            wait_until(lambda: turns.waiting == n + 1)
+    for thread in waiters:
         thread.join(10)
     assert order == [0, 1, 2, 3, 4]
 
@@ -111,21 +103,10 @@ def test_a_waiter_that_gives_up_leaves_its_place_and_the_next_still_gets_its_tur
 
 
 def test_a_turn_that_never_comes_says_busy():
-    turns, held, release = Turns(), threading.Event(), threading.Event()
-
-    def hold():
-        with turns.turn():
-            held.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    held.wait(10)
-    with pytest.raises(DeviceBusy, match="try again"):
+    turns = Turns()
+    with turn_held(turns), pytest.raises(DeviceBusy, match="try again"):
         with turns.turn(timeout=0.2):
             pass
-    release.set()
-    holder.join(10)
 
 
 def test_all_device_work_runs_on_one_thread():

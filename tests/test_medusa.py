@@ -17,7 +17,7 @@ from specdec_core.decoding.features import StepFeatures, feature_tap, untapped
 from specdec_core.drafters import MedusaDrafter, MedusaHeads
 from specdec_core.drafters.candidate_tree import best_paths, candidate_tree
 from specdec_core.errors import LoadError
-from tests.tiny_models import final_hidden_states, random_medusa_heads, tiny_llama, write_published_medusa
+from tests.tiny_models import FOLDER_DAMAGES, damaged_folder, final_hidden_states, random_medusa_heads, tiny_llama, write_published_medusa
 
 
 @pytest.fixture(scope="module")
@@ -68,25 +68,14 @@ def test_the_published_layout_loads(tmp_path, target):
     assert MedusaHeads.load(prefixed).num_heads == 5
 
 
-@pytest.mark.parametrize("damage", ["no_folder", "no_config", "bad_json", "not_medusa", "no_weights", "bad_weights", "wrong_layers"])
+MEDUSA_DAMAGES = {"not_medusa": lambda config: {"architectures": ["LlamaForCausalLM"]},
+                  "wrong_layers": lambda config: {**config, "medusa_num_layers": 2}}
+
+
+@pytest.mark.parametrize("damage", [*FOLDER_DAMAGES, *MEDUSA_DAMAGES])
 def test_broken_heads_fail_with_one_line(tmp_path, target, damage):
-    folder = tmp_path / "heads"
-    random_medusa_heads(target, num_heads=2).save(folder)
-    config = folder / "config.json"
-    if damage == "no_folder":
-        folder = tmp_path / "missing"
-    elif damage == "no_config":
-        config.unlink()
-    elif damage == "bad_json":
-        config.write_text("{not json")
-    elif damage == "not_medusa":
-        config.write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
-    elif damage == "no_weights":
-        (folder / "medusa_lm_head.safetensors").unlink()
-    elif damage == "bad_weights":
-        (folder / "medusa_lm_head.safetensors").write_bytes(b"garbage" * 10)
-    elif damage == "wrong_layers":
-        config.write_text(json.dumps({**json.loads(config.read_text()), "medusa_num_layers": 2}))
+    random_medusa_heads(target, num_heads=2).save(tmp_path / "heads")
+    folder = damaged_folder(tmp_path / "heads", damage, "medusa_lm_head.safetensors", MEDUSA_DAMAGES)
     with pytest.raises(LoadError) as raised:
         MedusaHeads.load(folder)
     assert "\n" not in str(raised.value) and "Medusa heads" in str(raised.value)

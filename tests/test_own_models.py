@@ -69,17 +69,23 @@ def test_a_launch_is_one_line_per_model_and_no_library_noise(preset_reply):
     assert not others, run.stderr
 
 
+def custom_reply(args: list[str], *models: str, says: str, hub_cache) -> dict:
+    """The CLI's --json reply to `args` with the model flags `models` (a custom preset), after
+    checking that it ran and that its launch line `says` which models it is."""
+    run = specdec("generate", *args, *models, "--json", hub_cache=hub_cache)
+    assert run.returncode == 0, run.stderr
+    assert says in run.stderr
+    return json.loads(run.stdout)
+
+
 def test_target_and_draft_folders_made_here_reply_as_their_preset(tiny_presets, empty_hub_cache):
     """The tiny presets' folders (tests/preset_models.py): preset `tiny` is this target and draft."""
     folder = tiny_presets.config.parent
     args = ["--prompt", "Count: 1 2 3 1 2 3", "--max-new-tokens", "12", "--draft-length", "4"]
     reference = generate_json(*args, "--config", str(tiny_presets.config), "--preset", "tiny",
                               hub_cache=empty_hub_cache)
-    run = specdec("generate", *args, "--target", str(folder / "target"), "--draft", str(folder / "draft-padded"),
-                  "--json", hub_cache=empty_hub_cache)
-    assert run.returncode == 0, run.stderr
-    assert "preset: custom (target, draft draft-padded)" in run.stderr
-    reply = json.loads(run.stdout)
+    reply = custom_reply(args, "--target", str(folder / "target"), "--draft", str(folder / "draft-padded"),
+                         says="preset: custom (target, draft draft-padded)", hub_cache=empty_hub_cache)
     assert reply["token_ids"] == reference["token_ids"] and reply["stats"]["drafted_tokens"] > 0  # drafter: model
 
 
@@ -94,11 +100,8 @@ def test_medusa_heads_of_ones_own_draft_for_a_target_folder(tiny_presets, empty_
     args = ["--prompt", "Count: 1 2 3 1 2 3", "--max-new-tokens", "12"]
     reference = generate_json(*args, "--config", str(tiny_presets.config), "--preset", "tiny", "--drafter", "none",
                               hub_cache=empty_hub_cache)
-    run = specdec("generate", *args, "--target", str(folder / "target"), "--medusa", str(tmp_path / "heads"),
-                  "--json", hub_cache=empty_hub_cache)
-    assert run.returncode == 0, run.stderr
-    assert "preset: custom (target, medusa heads)" in run.stderr
-    reply = json.loads(run.stdout)
+    reply = custom_reply(args, "--target", str(folder / "target"), "--medusa", str(tmp_path / "heads"),
+                         says="preset: custom (target, medusa heads)", hub_cache=empty_hub_cache)
     assert reply["token_ids"] == reference["token_ids"] and reply["stats"]["drafted_tokens"] > 0  # drafter: medusa
 
 

@@ -18,50 +18,25 @@ from specdec_core.train.cli import main
 from specdec_core.train.data import shard_path
 from specdec_core.train.trainer import CHECKPOINT, TrainSettings, train
 from tests.tiny_models import tiny_llama
+from tests.trainer_runs import QUICK_DATA, QUICK_TRAINING, flags, on_shared_data
 
-PRESETS = """\
-auto_fallback: tiny-train
-presets:
-  tiny-train:
-    description: a tiny random Llama target to train a head for
-    target: ./target
-    drafter: prompt_lookup
-    memory_gb: 0.1
-"""
-# Small enough to run in seconds: 2 shards of 4 prompts, 10-token replies, a 64-token draft vocabulary.
-QUICK = dict(shards=2, per_shard=4, gen_batch=4, max_new_tokens=10, draft_vocab=64, epochs=2, batch=2,
-             ttt_steps=2, checkpoint_every=1)
-QUICK_ARGS = ["--shards", "2", "--per-shard", "4", "--gen-batch", "4", "--max-new-tokens", "10", "--draft-vocab", "64",
-              "--epochs", "2", "--batch", "2", "--ttt-steps", "2"]
+QUICK = dict(**QUICK_DATA, **QUICK_TRAINING, draft_vocab=64, ttt_steps=2, checkpoint_every=1)  # a 64-token draft vocabulary
+QUICK_ARGS = flags({**QUICK_DATA, **QUICK_TRAINING, "draft_vocab": 64, "ttt_steps": 2})
 
 
 @pytest.fixture(scope="module")
-def tiny_config(tmp_path_factory, smol_tokenizer) -> Path:
-    folder = tmp_path_factory.mktemp("train-presets")
-    target = tiny_llama(seed=5, init=0.2)
-    target.save_pretrained(folder / "target")
-    smol_tokenizer.save_pretrained(folder / "target")
-    (folder / "models.yaml").write_text(PRESETS)
-    return folder / "models.yaml"
-
-
-@pytest.fixture(scope="module")
-def data_work(tmp_path_factory, tiny_config) -> Path:
-    """One run's work folder, its data shards reused by the other runs (same data settings)."""
+def data_work(tmp_path_factory, tiny_train_config, tiny_train_data) -> Path:
+    """A head trained on the shared data shards, as the other runs are (same data settings)."""
     out = tmp_path_factory.mktemp("first") / "head"
-    train(TrainSettings("tiny-train", str(out), config=str(tiny_config), **QUICK))
+    train(_settings(tiny_train_config, out, tiny_train_data))
     return out
 
 
-def _settings(tiny_config, out: Path, data_work: Path, **changes) -> TrainSettings:
-    work = out.parent / "work"
-    if not (work / "data").exists():  # reuse the generated data: only the training is under test here
-        (work).mkdir(parents=True, exist_ok=True)
-        (work / "data").symlink_to(data_work / "train_work" / "data")
-    return TrainSettings("tiny-train", str(out), config=str(tiny_config), work=str(work), **{**QUICK, **changes})
+def _settings(tiny_train_config, out: Path, data: Path, **changes) -> TrainSettings:
+    return on_shared_data(TrainSettings, tiny_train_config, out, data, **{**QUICK, **changes})
 
 
-def test_the_output_folder_is_an_eagle3_head(data_work, tiny_config):
+def test_the_output_folder_is_an_eagle3_head(data_work, tiny_train_config):
     config = json.loads((data_work / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
@@ -97,9 +72,9 @@ def test_the_output_folder_is_an_eagle3_head(data_work, tiny_config):
     assert "Held-out acceptance" in (data_work / "README.md").read_text()
 
 
-def test_a_killed_run_resumes_where_it_stopped_and_ends_as_an_uninterrupted_one(tmp_path, tiny_config, data_work):
-    whole = train(_settings(tiny_config, tmp_path / "a" / "head", data_work))
-    settings = _settings(tiny_config, tmp_path / "b" / "head", data_work)
+def test_a_killed_run_resumes_where_it_stopped_and_ends_as_an_uninterrupted_one(tmp_path, tiny_train_config, tiny_train_data):
+    whole = train(_settings(tiny_train_config, tmp_path / "a" / "head", tiny_train_data))
+    settings = _settings(tiny_train_config, tmp_path / "b" / "head", tiny_train_data)
     assert train(settings, stop_after=2) is None  # "killed" after 2 steps
     assert torch.load(Path(settings.work) / CHECKPOINT, weights_only=True)["progress"]["step"] == 2
     resumed = train(settings)
@@ -110,13 +85,13 @@ def test_a_killed_run_resumes_where_it_stopped_and_ends_as_an_uninterrupted_one(
     assert resumed["heldout_acceptance"] == whole["heldout_acceptance"]
 
 
-def test_the_same_seed_gives_the_same_head_and_another_seed_another(tmp_path, tiny_config, data_work):
+def test_the_same_seed_gives_the_same_head_and_another_seed_another(tmp_path, tiny_train_config, tiny_train_data, data_work):
     first = load_file(str(data_work / "model.safetensors"))
-    train(_settings(tiny_config, tmp_path / "same" / "head", data_work))
+    train(_settings(tiny_train_config, tmp_path / "same" / "head", tiny_train_data))
     same = load_file(str(tmp_path / "same" / "head" / "model.safetensors"))
     assert all(torch.equal(first[name], same[name]) for name in first)
     # Another seed writes other data (its prompts), so it gets a work folder of its own.
-    train(TrainSettings("tiny-train", str(tmp_path / "other" / "head"), config=str(tiny_config), **{**QUICK, "seed": 1}))
+    train(TrainSettings("tiny-train", str(tmp_path / "other" / "head"), config=str(tiny_train_config), **{**QUICK, "seed": 1}))
     other = load_file(str(tmp_path / "other" / "head" / "model.safetensors"))
     assert not torch.equal(first["fc.weight"], other["fc.weight"])
 
@@ -133,8 +108,8 @@ class _Planted:
         return os.system, (f"touch {self.marker}",)
 
 
-def test_a_planted_pickle_checkpoint_is_refused_without_running_it(tmp_path, tiny_config, data_work):
-    settings = _settings(tiny_config, tmp_path / "d" / "head", data_work)
+def test_a_planted_pickle_checkpoint_is_refused_without_running_it(tmp_path, tiny_train_config, tiny_train_data):
+    settings = _settings(tiny_train_config, tmp_path / "d" / "head", tiny_train_data)
     marker = tmp_path / "the-pickle-ran"
     torch.save({"settings": settings.fingerprint(), "progress": _Planted(marker)}, Path(settings.work) / CHECKPOINT)
     with pytest.raises(ValueError, match="holds more than tensors.*delete it") as caught:
@@ -146,19 +121,19 @@ def test_a_planted_pickle_checkpoint_is_refused_without_running_it(tmp_path, tin
     assert train(settings, stop_after=2) is None
 
 
-def test_resuming_with_other_settings_says_so(tmp_path, tiny_config, data_work):
-    settings = _settings(tiny_config, tmp_path / "c" / "head", data_work)
+def test_resuming_with_other_settings_says_so(tmp_path, tiny_train_config, tiny_train_data):
+    settings = _settings(tiny_train_config, tmp_path / "c" / "head", tiny_train_data)
     train(settings, stop_after=1)
     with pytest.raises(ValueError, match="other settings \\(lr\\)"):
-        train(_settings(tiny_config, tmp_path / "c" / "head", data_work, lr=0.5))
+        train(_settings(tiny_train_config, tmp_path / "c" / "head", tiny_train_data, lr=0.5))
 
 
-def test_bf16_data_is_written_by_the_targets_own_weights_in_bf16_and_trains_a_head(tmp_path, tiny_config):
+def test_bf16_data_is_written_by_the_targets_own_weights_in_bf16_and_trains_a_head(tmp_path, tiny_train_config):
     from specdec_core.train.trainer import data_model
 
-    settings = TrainSettings("tiny-train", str(tmp_path / "head"), config=str(tiny_config), data_dtype="bfloat16",
+    settings = TrainSettings("tiny-train", str(tmp_path / "head"), config=str(tiny_train_config), data_dtype="bfloat16",
                              train_dtype="bfloat16", **QUICK)
-    target = load_preset("tiny-train", str(tiny_config), load_draft=False).target
+    target = load_preset("tiny-train", str(tiny_train_config), load_draft=False).target
     writer = data_model(settings, target)
     assert writer is not target and writer.dtype == torch.bfloat16
     layer = writer.model.layers[0].self_attn.q_proj
@@ -166,7 +141,7 @@ def test_bf16_data_is_written_by_the_targets_own_weights_in_bf16_and_trains_a_he
     plain = target.get_input_embeddings().weight  # fp32 (packing keeps the embedding's weight)
     assert target.dtype == torch.float32
     assert torch.equal(writer.get_input_embeddings().weight, plain.to(torch.bfloat16))
-    assert data_model(TrainSettings("tiny-train", "x", config=str(tiny_config)), target) is target
+    assert data_model(TrainSettings("tiny-train", "x", config=str(tiny_train_config)), target) is target
 
     summary = train(settings)
     assert summary["settings"]["data_dtype"] == summary["settings"]["train_dtype"] == "bfloat16"
@@ -177,17 +152,17 @@ def test_bf16_data_is_written_by_the_targets_own_weights_in_bf16_and_trains_a_he
     assert "weights in bf16" in readme and "autocast to bf16" in readme and "written again by the target" in readme
 
 
-def test_with_cheaper_data_the_head_is_measured_on_replies_the_target_itself_wrote(tmp_path, tiny_config):
+def test_with_cheaper_data_the_head_is_measured_on_replies_the_target_itself_wrote(tmp_path, tiny_train_config):
     from specdec_core.train.data import read_shard
     from specdec_core.train.features import sequence_features
 
-    settings = TrainSettings("tiny-train", str(tmp_path / "head"), config=str(tiny_config), data_dtype="bfloat16", **QUICK)
+    settings = TrainSettings("tiny-train", str(tmp_path / "head"), config=str(tiny_train_config), data_dtype="bfloat16", **QUICK)
     summary = train(settings)
     work = Path(settings.work_dir)
     written, rewritten = (read_shard(work / folder / "shard-00001.jsonl") for folder in ("data", "heldout_by_target"))
     assert [row["prompt_ids"] for row in rewritten] == [row["prompt_ids"] for row in written]  # shard 1 is held out
     assert summary["data"]["evaluated_sequences"] == sum(len(row["reply_ids"]) >= 3 for row in rewritten)
-    target = load_preset("tiny-train", str(tiny_config), load_draft=False).target
+    target = load_preset("tiny-train", str(tiny_train_config), load_draft=False).target
     stored = torch.load(work / "heldout_by_target" / "shard-00001.pt")
     row, feature = rewritten[0], stored[0]
     aux, _ = sequence_features(target, (row["prompt_ids"] + row["reply_ids"])[:-1], Eagle3Head.load(tmp_path / "head").layer_ids)
@@ -196,8 +171,8 @@ def test_with_cheaper_data_the_head_is_measured_on_replies_the_target_itself_wro
     assert not torch.allclose(bf16[: len(aux)], aux.float(), atol=2e-3, rtol=0) or len(bf16) != len(aux)
 
 
-def test_a_run_stopped_by_max_minutes_and_started_again_writes_the_same_head(tmp_path, tiny_config, data_work):
-    settings = _settings(tiny_config, tmp_path / "head", data_work, max_minutes=0.0)
+def test_a_run_stopped_by_max_minutes_and_started_again_writes_the_same_head(tmp_path, tiny_train_config, tiny_train_data):
+    settings = _settings(tiny_train_config, tmp_path / "head", tiny_train_data, max_minutes=0.0)
     first = train(settings)
     assert first["training"]["stopped_early"] and first["training"]["steps"] == 1
     weights = load_file(tmp_path / "head" / "model.safetensors")
@@ -206,34 +181,34 @@ def test_a_run_stopped_by_max_minutes_and_started_again_writes_the_same_head(tmp
     assert all(torch.equal(weights[name], tensor) for name, tensor in load_file(tmp_path / "head" / "model.safetensors").items())
 
 
-def test_an_out_folder_holding_something_else_is_refused_in_one_line(tmp_path, tiny_config, capsys):
+def test_an_out_folder_holding_something_else_is_refused_in_one_line(tmp_path, tiny_train_config, capsys):
     out = tmp_path / "busy"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert main(["--preset", "tiny-train", "--config", str(tiny_config), "--out", str(out), *QUICK_ARGS]) == 2
+    assert main(["--preset", "tiny-train", "--config", str(tiny_train_config), "--out", str(out), *QUICK_ARGS]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("error: --out") and "notes.txt" in error and len(error.splitlines()) == 1
     assert (out / "notes.txt").read_text() == "mine"
     file = tmp_path / "a-file"
     file.write_text("x")
-    assert main(["--preset", "tiny-train", "--config", str(tiny_config), "--out", str(file), *QUICK_ARGS]) == 2
+    assert main(["--preset", "tiny-train", "--config", str(tiny_train_config), "--out", str(file), *QUICK_ARGS]) == 2
     assert "is a file" in capsys.readouterr().err
 
 
-def test_data_of_another_recipe_is_refused_before_anything_is_written(tmp_path, tiny_config, data_work):
-    settings = _settings(tiny_config, tmp_path / "d" / "head", data_work, passages="mixed", shards=3)
+def test_data_of_another_recipe_is_refused_before_anything_is_written(tmp_path, tiny_train_config, tiny_train_data):
+    settings = _settings(tiny_train_config, tmp_path / "d" / "head", tiny_train_data, passages="mixed", shards=3)
     with pytest.raises(ValueError, match="data shards written with other settings \\(passages\\)"):
         train(settings)
     assert not shard_path(Path(settings.work) / "data", 2).exists()
 
 
-def test_the_entry_point_runs_as_a_module(tmp_path, tiny_config, data_work):
+def test_the_entry_point_runs_as_a_module(tmp_path, tiny_train_config, tiny_train_data):
     work = tmp_path / "work"
     work.mkdir()
-    (work / "data").symlink_to(data_work / "train_work" / "data")
+    (work / "data").symlink_to(tiny_train_data)
     out = tmp_path / "head"
     done = subprocess.run(
-        [sys.executable, "-m", "specdec_core.train_eagle", "--preset", "tiny-train", "--config", str(tiny_config),
+        [sys.executable, "-m", "specdec_core.train_eagle", "--preset", "tiny-train", "--config", str(tiny_train_config),
          "--out", str(out), "--work", str(work), *QUICK_ARGS, "--threads", "1"],
         capture_output=True, text=True, timeout=1200,  # generous: the shared CI machine may be busy
     )
@@ -242,9 +217,9 @@ def test_the_entry_point_runs_as_a_module(tmp_path, tiny_config, data_work):
     assert (out / "model.safetensors").exists() and (out / "README.md").exists()
 
 
-def test_data_only_writes_the_shards_and_stops_and_the_same_command_then_trains_on_them(tmp_path, tiny_config, capsys):
+def test_data_only_writes_the_shards_and_stops_and_the_same_command_then_trains_on_them(tmp_path, tiny_train_config, capsys):
     out, work = tmp_path / "head", tmp_path / "work"
-    args = ["--preset", "tiny-train", "--config", str(tiny_config), "--out", str(out), "--work", str(work),
+    args = ["--preset", "tiny-train", "--config", str(tiny_train_config), "--out", str(out), "--work", str(work),
             *QUICK_ARGS, "--prompts", "varied", "--threads", "1"]
     assert main([*args, "--data-only"]) == 0
     assert "wrote the data shards" in capsys.readouterr().err
@@ -283,11 +258,11 @@ def test_the_training_time_test_computes_what_drafting_step_by_step_computes():
                 torch.testing.assert_close(hidden[0, 0], outputs[step - 1][0, t], rtol=1e-5, atol=1e-5)
 
 
-def test_the_trained_head_drafts_in_the_engine_and_the_output_stays_the_targets(data_work, tiny_config, smol_tokenizer):
+def test_the_trained_head_drafts_in_the_engine_and_the_output_stays_the_targets(data_work, tiny_train_config, smol_tokenizer):
     from specdec_core import EagleDrafter, SamplingParams, SpeculativeEngine
     from specdec_core.presets.loading import load_preset
 
-    target = load_preset("tiny-train", str(tiny_config), load_draft=False).target
+    target = load_preset("tiny-train", str(tiny_train_config), load_draft=False).target
     prompt = smol_tokenizer("The trained head drafts here")["input_ids"]
     params = SamplingParams(max_new_tokens=16)
     plain = SpeculativeEngine(target, smol_tokenizer, drafter=None).generate(prompt, params)
@@ -297,7 +272,7 @@ def test_the_trained_head_drafts_in_the_engine_and_the_output_stays_the_targets(
     assert result.stats.drafted_tokens > 0
 
 
-def test_a_held_out_reply_to_a_prompt_also_trained_on_is_not_measured(tmp_path, data_work, smol_tokenizer):
+def test_a_held_out_reply_to_a_prompt_also_trained_on_is_not_measured(tmp_path, tiny_train_data, smol_tokenizer):
     # The prompt source repeats some topic x template pairs: a held-out greedy reply to a prompt the
     # head trained on is one it may know by heart, so the measurement leaves it out.
     import shutil
@@ -306,7 +281,7 @@ def test_a_held_out_reply_to_a_prompt_also_trained_on_is_not_measured(tmp_path, 
     from specdec_core.train.dataset import held_out_shards, load_sequences
 
     data = tmp_path / "data"
-    shutil.copytree(data_work / "train_work" / "data", data)
+    shutil.copytree(tiny_train_data, data)
     settings = DataSettings(shards=QUICK["shards"], per_shard=QUICK["per_shard"], batch_size=QUICK["gen_batch"],
                             max_new_tokens=QUICK["max_new_tokens"])
     (held,) = held_out_shards(settings.shards)

@@ -17,47 +17,25 @@ from specdec_core.train.data import shard_path
 from specdec_core.train.dataset import Sequence
 from specdec_core.train.medusa import CHECKPOINT, MedusaSettings, head_targets, train_medusa
 from specdec_core.train.medusa_cli import main
-from tests.tiny_models import tiny_llama
+from tests.trainer_runs import QUICK_DATA, QUICK_TRAINING, flags, on_shared_data
 
-PRESETS = """\
-auto_fallback: tiny-train
-presets:
-  tiny-train:
-    description: a tiny random Llama target to train heads for
-    target: ./target
-    drafter: prompt_lookup
-    memory_gb: 0.1
-"""
-QUICK = dict(shards=2, per_shard=4, gen_batch=4, max_new_tokens=10, train_vocab=64, epochs=2, batch=2, heads=2,
-             checkpoint_every=1, top_k=3)
+OWN = dict(train_vocab=64, heads=2, top_k=3)  # the heads' own settings, small
+QUICK = dict(**QUICK_DATA, **QUICK_TRAINING, **OWN, checkpoint_every=1)
 
 
 @pytest.fixture(scope="module")
-def tiny_config(tmp_path_factory, smol_tokenizer) -> Path:
-    folder = tmp_path_factory.mktemp("medusa-train-presets")
-    target = tiny_llama(seed=5, init=0.2)
-    target.save_pretrained(folder / "target")
-    smol_tokenizer.save_pretrained(folder / "target")
-    (folder / "models.yaml").write_text(PRESETS)
-    return folder / "models.yaml"
-
-
-@pytest.fixture(scope="module")
-def first_run(tmp_path_factory, tiny_config) -> Path:
+def first_run(tmp_path_factory, tiny_train_config, tiny_train_data) -> Path:
+    """Heads trained on the shards the EAGLE trainer's tests train on too."""
     out = tmp_path_factory.mktemp("medusa-first") / "heads"
-    train_medusa(MedusaSettings("tiny-train", str(out), config=str(tiny_config), **QUICK))
+    train_medusa(_settings(tiny_train_config, out, tiny_train_data))
     return out
 
 
-def _settings(tiny_config, out: Path, first_run: Path, **changes) -> MedusaSettings:
-    work = out.parent / "work"
-    if not (work / "data").exists():  # reuse the generated data: only the training is under test here
-        work.mkdir(parents=True, exist_ok=True)
-        (work / "data").symlink_to(first_run / "train_work" / "data")
-    return MedusaSettings("tiny-train", str(out), config=str(tiny_config), work=str(work), **{**QUICK, **changes})
+def _settings(tiny_train_config, out: Path, data: Path, **changes) -> MedusaSettings:
+    return on_shared_data(MedusaSettings, tiny_train_config, out, data, **{**QUICK, **changes})
 
 
-def test_the_output_folder_is_in_medusas_format_and_drafts(first_run, tiny_config):
+def test_the_output_folder_is_in_medusas_format_and_drafts(first_run, tiny_train_config):
     config = json.loads((first_run / "config.json").read_text())
     assert config["medusa_num_heads"] == 2 and config["medusa_num_layers"] == 1
     tensors = load_file(str(first_run / "medusa_lm_head.safetensors"))
@@ -74,7 +52,7 @@ def test_the_output_folder_is_in_medusas_format_and_drafts(first_run, tiny_confi
     readme = (first_run / "README.md").read_text()
     assert "# Medusa heads for preset `tiny-train`" in readme and "| top-3 |" in readme
     # The folder loads as the drafter's heads, and drafting with them keeps the target's output.
-    models = load_preset("tiny-train", str(tiny_config), load_draft=False)
+    models = load_preset("tiny-train", str(tiny_train_config), load_draft=False)
     drafter = MedusaDrafter(MedusaHeads.load(first_run))
     engine = SpeculativeEngine(models.target, models.tokenizer, drafter=drafter, draft_length=2, adaptive=False)
     baseline = models.make_engine(drafter="none").generate([5, 6, 7], SamplingParams(max_new_tokens=8)).token_ids
@@ -89,9 +67,9 @@ def test_head_i_at_position_t_learns_reply_token_t_plus_2_plus_i():
     assert labels.tolist() == [104, 105, 106, 107, 108, 109] * 2  # t + 3, reply tokens only
 
 
-def test_a_killed_run_resumes_where_it_stopped_and_ends_as_an_uninterrupted_one(tmp_path, tiny_config, first_run):
-    whole = train_medusa(_settings(tiny_config, tmp_path / "a" / "heads", first_run))
-    settings = _settings(tiny_config, tmp_path / "b" / "heads", first_run)
+def test_a_killed_run_resumes_where_it_stopped_and_ends_as_an_uninterrupted_one(tmp_path, tiny_train_config, tiny_train_data):
+    whole = train_medusa(_settings(tiny_train_config, tmp_path / "a" / "heads", tiny_train_data))
+    settings = _settings(tiny_train_config, tmp_path / "b" / "heads", tiny_train_data)
     assert train_medusa(settings, stop_after=2) is None
     assert torch.load(Path(settings.work) / CHECKPOINT, weights_only=True)["progress"]["step"] == 2
     resumed = train_medusa(settings)
@@ -102,22 +80,41 @@ def test_a_killed_run_resumes_where_it_stopped_and_ends_as_an_uninterrupted_one(
     assert resumed["heldout"] == whole["heldout"]
 
 
-def test_the_eagle_trainers_data_is_used_as_it_is(tmp_path, tiny_config, first_run):
+def test_the_eagle_trainers_data_is_used_as_it_is(tmp_path, tiny_train_config, tiny_train_data):
     """A work folder holding the EAGLE trainer's shards (same data settings): nothing is written
     again, and the checkpoint has a name of its own beside the EAGLE trainer's. (Its step runs
     autocast to bf16, --train-dtype bfloat16.)"""
-    settings = _settings(tiny_config, tmp_path / "heads", first_run, train_dtype="bfloat16")
+    settings = _settings(tiny_train_config, tmp_path / "heads", tiny_train_data, train_dtype="bfloat16")
     written = shard_path(Path(settings.work) / "data", 0).stat().st_mtime_ns
     train_medusa(settings, stop_after=1)
     assert shard_path(Path(settings.work) / "data", 0).stat().st_mtime_ns == written
     assert (Path(settings.work) / "medusa_checkpoint.pt").is_file() and not (Path(settings.work) / "checkpoint.pt").exists()
 
 
-def test_bad_arguments_say_what_to_do_in_one_line(tmp_path, tiny_config, capsys):
+def test_the_eagle_trainers_data_only_shards_of_varied_prompts_train_heads_as_they_are(tmp_path, tiny_train_config, capsys):
+    """`train_eagle --data-only --prompts varied` writes the shards; train_medusa with the same data
+    options (the same flags) trains on them without writing any: every shard holds the target's
+    last hidden state the heads read, beside the EAGLE head's features."""
+    from specdec_core.train.cli import main as eagle_main
+
+    work = tmp_path / "work"
+    data = ["--preset", "tiny-train", "--config", str(tiny_train_config), "--work", str(work), *flags(QUICK_DATA),
+            "--prompts", "varied", "--threads", "1"]
+    assert eagle_main([*data, "--out", str(tmp_path / "head"), "--data-only"]) == 0
+    written = {path.name: path.stat().st_mtime_ns for path in (work / "data").iterdir()}
+    assert main([*data, "--out", str(tmp_path / "heads"), *flags({**QUICK_TRAINING, **OWN})]) == 0
+    assert "held-out top-1 accuracy by head" in capsys.readouterr().err
+    assert {path.name: path.stat().st_mtime_ns for path in (work / "data").iterdir()} == written
+    summary = json.loads((tmp_path / "heads" / "training.json").read_text())
+    assert summary["settings"]["prompts"] == "varied" and summary["data"]["train_sequences"] > 0
+    assert (tmp_path / "heads" / "medusa_lm_head.safetensors").is_file()
+
+
+def test_bad_arguments_say_what_to_do_in_one_line(tmp_path, tiny_train_config, capsys):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
-    assert main(["--preset", "tiny-train", "--config", str(tiny_config), "--out", str(tmp_path / "taken")]) != 0
-    assert main(["--preset", "tiny-train", "--config", str(tiny_config), "--out", str(tmp_path / "x"), "--heads", "0"]) != 0
+    assert main(["--preset", "tiny-train", "--config", str(tiny_train_config), "--out", str(tmp_path / "taken")]) != 0
+    assert main(["--preset", "tiny-train", "--config", str(tiny_train_config), "--out", str(tmp_path / "x"), "--heads", "0"]) != 0
     err = capsys.readouterr().err
     assert "holds something else (notes.txt)" in err and "--heads must be at least 1" in err
     assert "Traceback" not in err

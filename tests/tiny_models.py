@@ -154,3 +154,30 @@ def write_published_medusa(folder: Path, heads) -> Path:
     (folder / "config.json").write_text(json.dumps(config))
     torch.save({k: v.half() for k, v in heads.heads.state_dict().items()}, folder / "medusa_lm_head.pt")
     return folder
+
+
+# What any saved head folder may suffer, and every loader must answer with one line (LoadError);
+# each loader's test adds damages of its own format (see damaged_folder's `config_edits`).
+FOLDER_DAMAGES = ("no_folder", "no_config", "bad_json", "no_weights", "bad_weights")
+
+
+def damaged_folder(folder: Path, damage: str, weights: str, config_edits: dict) -> Path:
+    """The saved head folder `folder` with `damage` done to it (one of FOLDER_DAMAGES, or a key
+    of `config_edits`: a function from the config dict to the config written instead); returns
+    the path to load, a missing one beside it for "no_folder". `weights`: the weights file's name."""
+    import json
+
+    config = folder / "config.json"
+    if damage == "no_folder":
+        return folder.parent / "missing"
+    if damage == "no_config":
+        config.unlink()
+    elif damage == "bad_json":
+        config.write_text("{not json")
+    elif damage == "no_weights":
+        (folder / weights).unlink()
+    elif damage == "bad_weights":
+        (folder / weights).write_bytes(b"garbage" * 10)
+    else:
+        config.write_text(json.dumps(config_edits[damage](json.loads(config.read_text()))))
+    return folder

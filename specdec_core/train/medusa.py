@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,63 +29,28 @@ from tqdm.auto import tqdm
 from ..drafters.eagle_head import default_layer_ids
 from ..drafters.medusa_heads import WEIGHTS_FILE, MedusaHeads
 from ..presets.loading import load_preset
-from .data import DataSettings, generate_data
-from .dataset import Sequence, draft_vocabulary, held_out_shards
+from .base import SAVE_DTYPES, RunSettings, autocast, load_split, optimizer_step, resume, save_checkpoint, schedule, write_data
+from .dataset import Sequence, draft_vocabulary
 from .outputs import DATA_WRITERS, check_out
-from .trainer import HELDOUT_BY_TARGET, SAVE_DTYPES, Progress, _autocast, _resume, _save_checkpoint, _schedule, data_model, load_split
 
 CHECKPOINT = "medusa_checkpoint.pt"  # beside the EAGLE trainer's, in a work folder both may share
 OURS = {"config.json", WEIGHTS_FILE, "training.json", "README.md", "train_work"}
 
 
 @dataclass(frozen=True)
-class MedusaSettings:
-    preset: str
-    out: str
-    config: str | None = None
-    work: str | None = None  # data shards and checkpoints; default OUT/train_work (may be an EAGLE run's)
-    seed: int = 0
-    shards: int = 40
-    per_shard: int = 32
-    gen_batch: int = 32
-    max_new_tokens: int = 192
-    passages: str = "target"
-    data_dtype: str = "target"
-    train_dtype: str = "float32"
+class MedusaSettings(RunSettings):
+    """Medusa heads' run: the EAGLE trainer's data recipe and training settings, and the heads' own."""
+
     heads: int = 3
     layers: int = 1  # residual blocks per head
     train_vocab: int = 8192  # readout rows while training (see the module)
-    epochs: int = 3
-    batch: int = 8
-    lr: float = 1e-3
-    checkpoint_every: int = 25
     top_k: int = 5  # of the top-k accuracy
-    save_dtype: str = "float16"
-    max_minutes: float | None = None
-    threads: int | None = None
-    command: str = ""
-
-    RESUMABLE = ("out", "work", "max_minutes", "threads", "command", "checkpoint_every")
-
-    def fingerprint(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
-
-    @property
-    def rewrites_heldout(self) -> bool:
-        return self.data_dtype != "target"
-
-    @property
-    def work_dir(self) -> Path:
-        return Path(self.work) if self.work else Path(self.out) / "train_work"
-
-    @property
-    def data_settings(self) -> DataSettings:
-        return DataSettings(self.shards, self.per_shard, self.gen_batch, self.max_new_tokens, self.seed, self.passages)
 
 
 def train_medusa(settings: MedusaSettings, stop_after: int | None = None) -> dict | None:
     """Run (or continue) the whole training; the summary written to training.json, or None when
-    `stop_after` steps were reached first (how tests stand in for a killed run)."""
+    `stop_after` steps were reached first (how tests stand in for a killed run) or with
+    `data_only` once the data is written."""
     out = Path(settings.out)
     check_out(out, OURS)
     if settings.threads:
@@ -95,11 +60,13 @@ def train_medusa(settings: MedusaSettings, stop_after: int | None = None) -> dic
     target.requires_grad_(False)
     text_config = target.config.get_text_config()
     started = time.monotonic()
-    _write_data(settings, target, tokenizer, default_layer_ids(text_config.num_hidden_layers))
+    # The EAGLE head's feature layers: the data folder records them, so either trainer's shards
+    # serve both (Medusa reads only the last hidden state, which every shard holds).
+    write_data(settings, target, tokenizer, default_layer_ids(text_config.num_hidden_layers))
     data_seconds = time.monotonic() - started
+    if settings.data_only:
+        return None
     train_set, heldout = load_split(settings, tokenizer)
-    if not train_set or not heldout:
-        raise ValueError(f"{settings.shards} data shards leave no training or held-out sequences: use --shards 2 or more")
     evaluation = [s for s in heldout if s.mode == "greedy"] or heldout
     lm_head = target.get_output_embeddings().weight.detach().float()
     vocabulary = torch.tensor(draft_vocabulary(train_set, settings.train_vocab, text_config.vocab_size))
@@ -111,33 +78,27 @@ def train_medusa(settings: MedusaSettings, stop_after: int | None = None) -> dic
     optimizer = torch.optim.AdamW(heads.parameters(), lr=settings.lr, weight_decay=0.0)
     per_epoch = math.ceil(len(train_set) / settings.batch)
     total_steps = per_epoch * settings.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(total_steps))
-    progress = _resume(settings.work_dir, settings, heads, optimizer, scheduler, name=CHECKPOINT)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(total_steps))
+    progress = resume(settings.work_dir / CHECKPOINT, settings, heads, optimizer, scheduler)
     eval_steps = {per_epoch * e for e in range(1, settings.epochs + 1)}
 
     bar = tqdm(total=total_steps, initial=progress.step, desc="training", unit="step")
     resumed_at = time.monotonic() - progress.seconds
-    while progress.step < total_steps and not _out_of_time(settings, progress):
+    while progress.step < total_steps and not settings.out_of_time(progress.seconds):
         heads.train()
-        with _autocast(settings.train_dtype):
+        with autocast(settings.train_dtype):
             loss, positions = heads_loss(heads, readout, to_readout, _batch(train_set, settings, progress.step, per_epoch))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        progress.step += 1
-        progress.tokens += positions
-        progress.seconds = time.monotonic() - resumed_at
+        optimizer_step(loss, heads, optimizer, scheduler)
+        progress.stepped(positions, resumed_at)
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
         if progress.step in eval_steps:
             point = accuracy(heads, lm_head, evaluation, settings.top_k)
             progress.history.append({"step": progress.step, "tokens": progress.tokens, "epoch": progress.step / per_epoch, **point})
             bar.write(f"step {progress.step}: held-out top-1 accuracy by head {point['top1']}")
-        progress.stopped_early = _out_of_time(settings, progress)
+        progress.stopped_early = settings.out_of_time(progress.seconds)
         if progress.step % settings.checkpoint_every == 0 or progress.step in eval_steps or progress.stopped_early:
-            _save_checkpoint(settings.work_dir, settings, heads, optimizer, scheduler, progress, name=CHECKPOINT)
+            save_checkpoint(settings.work_dir / CHECKPOINT, settings, heads, optimizer, scheduler, progress)
         if stop_after is not None and progress.step >= stop_after and progress.step < total_steps:
             bar.close()
             return None
@@ -174,24 +135,6 @@ def new_heads(settings: MedusaSettings, text_config, base_model: str) -> MedusaH
         for parameter in heads.parameters():
             parameter.zero_()
     return heads
-
-
-def _write_data(settings: MedusaSettings, target, tokenizer, layer_ids) -> None:
-    """The EAGLE trainer's data stages (a work folder either wrote serves both)."""
-    data_dir = settings.work_dir / "data"
-    with tqdm(total=settings.shards, desc="data shards", unit="shard") as bar:
-        generate_data(lambda: data_model(settings, target), tokenizer, data_dir, settings.data_settings, layer_ids,
-                      progress=lambda done, total: bar.update(done - bar.n), writer=settings.data_dtype)
-    if settings.rewrites_heldout:
-        held = sorted(held_out_shards(settings.shards))
-        with tqdm(total=len(held), desc="held-out shards by the target", unit="shard") as bar:
-            generate_data(lambda: target, tokenizer, data_dir, settings.data_settings, layer_ids,
-                          progress=lambda done, total: bar.update(done - bar.n), indices=held,
-                          out_dir=settings.work_dir / HELDOUT_BY_TARGET)
-
-
-def _out_of_time(settings: MedusaSettings, progress: Progress) -> bool:
-    return settings.max_minutes is not None and progress.seconds > settings.max_minutes * 60
 
 
 def _batch(train_set: list[Sequence], settings: MedusaSettings, step: int, per_epoch: int) -> list[Sequence]:

@@ -9,7 +9,7 @@ from pathlib import Path
 OURS = {"config.json", "model.safetensors", "training.json", "README.md", "train_work"}
 DATA_WRITERS = {  # --data-dtype: what wrote the replies and features
     "target": "the target itself, as it decodes",
-    "bfloat16": "the target's weights in bf16 on stock layers (`--data-dtype bfloat16`, for speed; see `trainer.data_model`)",
+    "bfloat16": "the target's weights in bf16 on stock layers (`--data-dtype bfloat16`, for speed; see `base.data_model`)",
 }
 MARKERS = {"training.json", "train_work"}  # what only this trainer writes there
 

@@ -1,0 +1,282 @@
+"""What the EAGLE and Medusa trainers share: the settings of a run on self-distilled data (the
+data recipe and the training plumbing, `RunSettings`), the data stage that writes the shards,
+the train / held-out split, checkpoints that resume, and the command line's shared options.
+
+Both trainers read the same shards: each sequence's features hold `aux` (the residual stream
+entering three layers, what an EAGLE-3 head reads) and `final` (the target's last hidden state,
+what Medusa heads read), so a work folder either trainer wrote, or `train_eagle --data-only`
+wrote, serves both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import pickle
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..cli import inform, run_guarded
+from ..presets.loading import load_plain_target
+from .data import PASSAGE_SOURCES, PROMPT_SOURCES, DataSettings, generate_data, refuse_other_settings
+from .dataset import Sequence, held_out_shards, load_sequences, same_prompts
+
+DATA_DTYPES = {"bfloat16": torch.bfloat16}  # besides "target"
+TRAIN_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}  # None: no autocast
+SAVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# With --data-dtype other than "target", the held-out shards written again by the target itself:
+# the head is measured on the replies its user gets.
+HELDOUT_BY_TARGET = "heldout_by_target"
+# Settings added after checkpoints were first written, with the value such a checkpoint ran with.
+SETTINGS_ADDED_LATER = {"prompts": "templates"}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """A trainer run: the self-distilled data's recipe, and what every training loop needs.
+    Each trainer's settings add their own model's fields."""
+
+    preset: str
+    out: str
+    config: str | None = None  # a models.yaml other than the bundled one
+    work: str | None = None  # data shards and checkpoints; default OUT/train_work (either trainer's)
+    seed: int = 0
+    shards: int = 40  # data shards of `per_shard` prompts each
+    per_shard: int = 32
+    gen_batch: int = 32
+    max_new_tokens: int = 192
+    passages: str = "target"  # what summarize / answer-from / translate prompts read (data.PASSAGE_SOURCES)
+    prompts: str = "templates"  # the prompt source (data.PROMPT_SOURCES): prompts.py, or varied.py's mix
+    # What writes the data: "target" (the target as it decodes) or "bfloat16" (its weights in bf16
+    # on stock layers, see data_model: faster on CPUs with bf16 matrix units).
+    data_dtype: str = "target"
+    # What the trained matmuls run in: "bfloat16" autocasts them (weights, optimizer and loss stay
+    # fp32): on a CPU with AMX an EAGLE head's matmuls run 4x faster and a whole step about 1.45x.
+    train_dtype: str = "float32"
+    epochs: int = 3
+    batch: int = 8  # sequences per optimizer step
+    lr: float = 1e-3
+    checkpoint_every: int = 25
+    save_dtype: str = "float16"
+    max_minutes: float | None = None  # stop training (and write the result) after this long
+    threads: int | None = None
+    data_only: bool = False  # write the data shards and stop (no training)
+    command: str = ""  # the command line, for the output's README
+
+    # What may change between a run and its resumption without changing the result.
+    RESUMABLE = ("out", "work", "max_minutes", "threads", "command", "checkpoint_every", "data_only")
+
+    def fingerprint(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
+
+    @property
+    def rewrites_heldout(self) -> bool:
+        """Whether the held-out shards are written again by the target (see HELDOUT_BY_TARGET)."""
+        return self.data_dtype != "target"
+
+    @property
+    def work_dir(self) -> Path:
+        return Path(self.work) if self.work else Path(self.out) / "train_work"
+
+    @property
+    def data_settings(self) -> DataSettings:
+        return DataSettings(self.shards, self.per_shard, self.gen_batch, self.max_new_tokens, self.seed, self.passages,
+                            self.prompts)
+
+    def out_of_time(self, seconds: float) -> bool:
+        return self.max_minutes is not None and seconds > self.max_minutes * 60
+
+
+def data_model(settings: RunSettings, target):
+    """The model that writes the data's replies and features. "bfloat16": the target's own weights
+    in bf16 on stock layers, so batched generation runs on bf16 matrix units. For a 4-bit GGUF
+    target those are its dequantised weights rounded to bf16: measured on SmolLM2-135M, its
+    features differ from the 4-bit target's by 0.5-1% (relative norm at the inputs of layers 2,
+    15 and 27) and its greedy replies to 12 prompts agreed with the target's for the first 6 to
+    96 tokens (all 96 on 3, median 42.5)."""
+    if settings.data_dtype == "target":
+        return target
+    return load_plain_target(settings.preset, settings.config, dtype=DATA_DTYPES[settings.data_dtype])
+
+
+def write_data(settings: RunSettings, target, tokenizer, layer_ids) -> None:
+    """The data stage: the shards not on disk yet, and with a cheaper writer the held-out shards
+    again by the target. The same layer ids for both trainers (the EAGLE head's default), so the
+    folder's recorded recipe is the same whichever trainer writes it."""
+    data_dir = settings.work_dir / "data"
+    with tqdm(total=settings.shards, desc="data shards", unit="shard") as bar:
+        generate_data(lambda: data_model(settings, target), tokenizer, data_dir, settings.data_settings, layer_ids,
+                      progress=lambda done, total: bar.update(done - bar.n), writer=settings.data_dtype, report=bar.write)
+    if settings.rewrites_heldout:
+        held = sorted(held_out_shards(settings.shards))
+        with tqdm(total=len(held), desc="held-out shards by the target", unit="shard") as bar:
+            generate_data(lambda: target, tokenizer, data_dir, settings.data_settings, layer_ids,
+                          progress=lambda done, total: bar.update(done - bar.n), indices=held,
+                          out_dir=settings.work_dir / HELDOUT_BY_TARGET, report=bar.write)
+
+
+def load_split(settings: RunSettings, tokenizer) -> tuple[list[Sequence], list[Sequence]]:
+    """(training sequences, held-out sequences) of the work folder's data; the held-out ones
+    written by the target itself (see HELDOUT_BY_TARGET). Refuses data too small to split."""
+    train_set, heldout = load_sequences(settings.work_dir / "data", settings.data_settings, tokenizer)
+    if settings.rewrites_heldout:
+        heldout = same_prompts(settings.work_dir / HELDOUT_BY_TARGET, held_out_shards(settings.shards), heldout)
+    if not train_set or not heldout:
+        raise ValueError(f"{settings.shards} data shards leave no training or held-out sequences: use --shards 2 or more")
+    return train_set, heldout
+
+
+def autocast(train_dtype: str):
+    dtype = TRAIN_DTYPES[train_dtype]
+    return torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+
+
+def schedule(total_steps: int):
+    """Linear warm-up over 5% of the steps, then cosine down to 10% of the learning rate."""
+    warmup = max(1, total_steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        done = (step - warmup) / max(1, total_steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+
+    return factor
+
+
+def optimizer_step(loss: torch.Tensor, model: torch.nn.Module, optimizer, scheduler) -> None:
+    """One step of both trainers' recipe: gradients clipped to norm 1, then the learning rate's schedule."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+@dataclass
+class Progress:
+    """What a checkpoint holds besides the weights."""
+
+    step: int = 0
+    tokens: int = 0  # positions trained so far (with repeats over epochs)
+    seconds: float = 0.0  # training time so far, over all resumptions
+    history: list[dict] = field(default_factory=list)  # held-out measurements at evaluation points
+    stopped_early: bool = False
+
+    def stepped(self, positions: int, resumed_at: float) -> None:
+        """Count a step that trained `positions` positions; `resumed_at`: when training would have
+        started had it never stopped (time.monotonic() less the seconds trained before)."""
+        self.step += 1
+        self.tokens += positions
+        self.seconds = time.monotonic() - resumed_at
+
+
+def resume(path: Path, settings: RunSettings, model, optimizer, scheduler) -> Progress:
+    """The progress of the checkpoint at `path` (loaded into model, optimizer, scheduler), or a
+    fresh start when there is none. Each trainer names its own checkpoint, so both can share one
+    work folder (its data)."""
+    if not path.exists():
+        return Progress()
+    # weights_only: tensors and plain values only. A checkpoint is a file in a folder others may
+    # write to, and unpickling anything else could run code it names.
+    try:
+        state = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as error:
+        # torch's message goes on to say how to load it anyway; only its reason is kept.
+        reason = next((line.strip().split(". ")[0] for line in str(error).splitlines() if "Unsupported" in line), "")
+        raise ValueError(f"{path} holds more than tensors and plain values, so it is not loaded"
+                         f"{f' ({reason})' if reason else ''}: delete it to start the training afresh") from None
+    refuse_other_settings({**SETTINGS_ADDED_LATER, **state["settings"]}, settings.fingerprint(), f"{path} is a run")
+    model.load_state_dict(state["head"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return Progress(**state["progress"])
+
+
+def save_checkpoint(path: Path, settings: RunSettings, model, optimizer, scheduler, progress: Progress) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"settings": settings.fingerprint(), "head": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "progress": asdict(progress)}
+    temporary = path.with_name(path.name + ".tmp")
+    torch.save(state, temporary)
+    os.replace(temporary, path)
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def add_run_arguments(p: argparse.ArgumentParser, d: RunSettings, what: str):
+    """The options of RunSettings, the same flags in both trainers; `what` names the output
+    ("head", "heads"). `d` gives the defaults. Returns the "training" group, for the trainer's own
+    options."""
+    plural = what.endswith("s")
+    owner = f"{what}'" if plural else f"{what}'s"
+    p.add_argument("--preset", required=True, help=f"the preset whose target the {what} {'draft' if plural else 'drafts'} for")
+    p.add_argument("--out", required=True, help=f"the {what} folder to write (new, empty, or an unfinished run's)")
+    p.add_argument("--config", help="a models.yaml other than the bundled one")
+    data = p.add_argument_group("self-distilled data (the same shards serve the EAGLE and the Medusa trainer)")
+    data.add_argument("--work", help="data shards and checkpoints (default OUT/train_work; the other trainer's work "
+                                     "folder shares its data); rerun to resume")
+    data.add_argument("--seed", type=int, default=d.seed)
+    data.add_argument("--shards", type=int, default=d.shards, help=f"data shards to generate and use ({d.per_shard} prompts each)")
+    data.add_argument("--per-shard", type=int, default=d.per_shard)
+    data.add_argument("--gen-batch", type=int, default=d.gen_batch, help="prompts per batched generate")
+    data.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="reply length cap in the data")
+    data.add_argument("--passages", choices=PASSAGE_SOURCES, default=d.passages,
+                      help="passages of the summarize / answer-from / translate prompts: the target's own writing, "
+                           "or half of them human prose (Python's reference documentation)")
+    data.add_argument("--prompts", choices=PROMPT_SOURCES, default=d.prompts,
+                      help="the prompt source: template prompts, or a varied mix (pasted prose and code, requests and "
+                           "second turns the target writes itself; see docs/training.md)")
+    data.add_argument("--data-dtype", choices=["target", *sorted(DATA_DTYPES)], default=d.data_dtype,
+                      help="what writes the data: the target as it decodes, or its weights in bf16 (faster on CPUs with AMX)")
+    data.add_argument("--data-only", action="store_true", help="write the data shards and stop (rerun to resume)")
+    run = p.add_argument_group("training")
+    run.add_argument("--train-dtype", choices=sorted(TRAIN_DTYPES), default=d.train_dtype,
+                     help=f"what the {owner} matmuls run in while training (bfloat16: autocast, faster on CPUs with AMX)")
+    run.add_argument("--epochs", type=int, default=d.epochs)
+    run.add_argument("--batch", type=int, default=d.batch, help="sequences per optimizer step")
+    run.add_argument("--lr", type=float, default=d.lr)
+    run.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps")
+    run.add_argument("--save-dtype", choices=sorted(SAVE_DTYPES), default=d.save_dtype)
+    run.add_argument("--max-minutes", type=float, help=f"stop training after this long and write the {what}")
+    run.add_argument("--threads", type=int, help="torch threads")
+    return run
+
+
+# The counts RunSettings holds that must be at least 1; each trainer adds its own.
+POSITIVE = ("shards", "per_shard", "gen_batch", "max_new_tokens", "epochs", "batch")
+
+
+def run_command(parser: argparse.ArgumentParser, argv: list[str], settings_type: type, train_run, positive: tuple[str, ...],
+                result: Callable[[dict], str]) -> int:
+    """A trainer's command: its settings from the parsed command line (which the output's README
+    records), the run, and one line of what it wrote; a bad option or folder is a one-line error.
+    `positive`: the trainer's own counts that must be at least 1; `result(summary)`: what the
+    line says of a finished run."""
+    args = parser.parse_args(argv)
+
+    def command() -> int:
+        for name in (*POSITIVE, *positive):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        settings = settings_type(**vars(args), command=shlex.join([*parser.prog.split(), *argv]))
+        summary = train_run(settings)
+        if settings.data_only:
+            inform(f"wrote the data shards in {settings.work_dir / 'data'}")
+        else:
+            inform(f"wrote {settings.out}: {result(summary)}")
+        return 0
+
+    return run_guarded(command)
