@@ -176,7 +176,7 @@ class _SoftCrossEntropy(torch.autograd.Function):
         logits32 = logits.float()
         lse = logits32.logsumexp(-1)
         loss = (lse - torch.linalg.vecdot(p, logits32)).mean()
-        ctx.save_for_backward(logits32.sub_(lse[:, None]).exp_().sub_(p))
+        ctx.save_for_backward((logits32 - lse[:, None]).exp_().sub_(p))  # not in place: logits32 may be `logits`
         ctx.logits_dtype = logits.dtype
         return loss
 
