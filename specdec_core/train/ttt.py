@@ -119,7 +119,8 @@ def _chain_attention(queries, keys, values, prefix, own_keys, own_values, scalin
     if own_keys:
         own_k = torch.stack(own_keys, dim=-2).repeat_interleave(groups, dim=1)  # [B, h, w, j-1, d]
         scores = torch.cat([scores, (queries[..., None, :] * own_k).sum(-1).to(scores.dtype)], dim=-1)
-    weights = scores.softmax(-1, dtype=torch.float32).to(values.dtype)
+    # bf16 scores: CPU's softmax accumulates in fp32 anyway, and asking for fp32 output costs 4x.
+    weights = scores.softmax(-1).to(values.dtype)
     out = (weights[..., :m].reshape(batch, -1, groups * width, m) @ values).view(batch, heads, width, dim)
     if own_keys:
         own_v = torch.stack(own_values, dim=-2).repeat_interleave(groups, dim=1)
@@ -142,9 +143,9 @@ def ttt_loss(head, embedding, draft_lm_head: torch.Tensor, batch: Batch, steps: 
             continue
         logits = head.logits(out[mask])
         chosen = slots[:, step - 1 : step - 1 + chains.width][chains.valid][mask]  # the rows of `targets` at t + step
-        loss = _SoftCrossEntropy.apply(logits, targets[chosen])
+        loss, top = _SoftCrossEntropy.apply(logits, targets[chosen])
         total = total + STEP_WEIGHT ** (step - 1) * loss
-        agree = (logits.detach().max(-1).indices == target_top[chosen]).float().mean()
+        agree = (top == target_top[chosen]).float().mean()
         report[step] = (float(loss.detach()), float(agree), int(mask.sum()))
     return total, report
 
@@ -167,21 +168,26 @@ def _target_distributions(batch: Batch, chains: Chains, steps: int, draft_lm_hea
 
 class _SoftCrossEntropy(torch.autograd.Function):
     """mean over rows of -sum(p * log_softmax(logits)), as lse(logits) - p . logits (p sums to
-    1), its gradient (softmax(logits) - p) / rows kept from the forward: one pass over the
-    [rows, vocabulary] logits each way instead of log_softmax's, the product's and their
-    backwards' (at the 8,192-token draft vocabulary the loss was a third of a step)."""
+    1), with the gradient (softmax(logits) - p) / rows kept from the forward: a few passes over
+    the [rows, vocabulary] logits instead of log_softmax's, the product's and their backwards'
+    (at the 8,192-token draft vocabulary the loss was a third of a step). Also returns each
+    row's top draft token (the softmax's argmax, for the agreement)."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits32 = logits.float()
-        lse = logits32.logsumexp(-1)
+        q = logits32.softmax(-1)
+        top = q.max(-1)
+        # lse = logit - log q at any token; at the top one q is largest, so its log is exact.
+        lse = logits32.gather(-1, top.indices[:, None])[:, 0] - top.values.log()
         loss = (lse - torch.linalg.vecdot(p, logits32)).mean()
-        ctx.save_for_backward((logits32 - lse[:, None]).exp_().sub_(p))  # not in place: logits32 may be `logits`
+        ctx.save_for_backward(q.sub_(p))
         ctx.logits_dtype = logits.dtype
-        return loss
+        ctx.mark_non_differentiable(top.indices)
+        return loss, top.indices
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx, grad: torch.Tensor, _):
         (difference,) = ctx.saved_tensors
         return (difference * (grad / len(difference))).to(ctx.logits_dtype), None
 
