@@ -78,7 +78,9 @@ def chain_outputs(head, embedding: torch.nn.Module, batch: Batch, steps: int, ch
     rows = torch.arange(len(batch.ids))[:, None].expand_as(t)[valid]
     prefix = (torch.arange(width)[None, None] <= t[:, :, None])[:, None]  # [B, 1, w, m]: keys at positions <= t
     t = t[valid]
-    x_all, residual_all = layer.attention_input(embedding(batch.ids[:, 1 : 1 + width]).to(head.dtype), head.project(batch.aux))
+    # The fp16 features straight to the matmul's dtype (under autocast bf16: one cast, not two).
+    features = batch.aux.to(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else head.dtype)
+    x_all, residual_all = layer.attention_input(embedding(batch.ids[:, 1 : 1 + width]).to(head.dtype), head.fc(features))
     every = torch.arange(width)[None].expand(len(batch.ids), -1)
     keys, values = layer.keys_values(x_all, head.rotary_emb(x_all, every))
     x, residual = x_all[rows, t], residual_all[rows, t]
