@@ -6,8 +6,9 @@ For a sequence x_0..x_{n-1} with target features f_t, a draft chain starts at ev
   step j reads (embedding of x_{t+j}, the head's own step j-1 output) at position t+j-1.
 Step j of chain t attends to the real entries at positions <= t (step 1's keys, made from real
 features, as in the drafter's cache after a verify) and to its own chain's entries of steps
-2..j: the mask is causal over the first block of keys and diagonal over the later blocks. All
-chains are computed at once with the head's own forward and KV cache.
+2..j. All chains of a batch are computed at once with the head's own layer (its pieces, with the
+attention done here): step 1's keys at every position, everything else only at the chains trained,
+each chain's own entries attended as dot products rather than as masked diagonal blocks.
 
 A chain starts where the drafter's would: at the last prompt token or later (after the prefill
 the head reads f_{P-1} and the first reply token). Step j is trained where position t+j still has
