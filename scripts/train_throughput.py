@@ -14,6 +14,7 @@ CPU-second of this process (the fair number when the machine is shared), with th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -26,8 +27,12 @@ import torch  # noqa: E402
 
 from specdec_core.drafters.eagle_head import Eagle3Head  # noqa: E402
 from specdec_core.train.dataset import Sequence, make_batch  # noqa: E402
-from specdec_core.train.trainer import TRAIN_DTYPES, _autocast  # noqa: E402
 from specdec_core.train.ttt import ttt_loss  # noqa: E402
+
+
+def autocast(train_dtype: str):
+    """The trainer's --train-dtype: bf16 autocast of the head's matmuls, or plain fp32."""
+    return torch.autocast("cpu", dtype=torch.bfloat16) if train_dtype == "bfloat16" else contextlib.nullcontext()
 
 
 def random_sequences(count: int, hidden: int, vocab: int, generator: torch.Generator) -> list[Sequence]:
@@ -50,7 +55,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12, help="timed optimizer steps (after 2 warm-up steps)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--ttt-steps", type=int, default=3)
-    p.add_argument("--train-dtype", default="bfloat16", choices=sorted(TRAIN_DTYPES))
+    p.add_argument("--train-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     head = Eagle3Head.load(args.head).float().train()
@@ -67,7 +72,7 @@ def main() -> None:
     for index, chosen in enumerate(batches):
         if index == 2:  # warm-up done
             wall, cpu, trained = time.perf_counter(), time.process_time(), 0
-        with _autocast(args.train_dtype):
+        with autocast(args.train_dtype):
             loss, report = ttt_loss(head, embedding, draft_lm_head, make_batch(chosen, args.ttt_steps), args.ttt_steps)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
