@@ -236,7 +236,7 @@ def test_the_training_time_test_computes_what_drafting_step_by_step_computes():
     from transformers import DynamicCache
 
     from specdec_core.train.dataset import Batch
-    from specdec_core.train.ttt import unrolled_outputs
+    from specdec_core.train.ttt import Chains, chain_outputs
 
     target = tiny_llama(seed=1, vocab=300)
     head = Eagle3Head.random(target.config, draft_vocab_size=50, layer_ids=(1, 1, 0), seed=3).float()
@@ -248,14 +248,78 @@ def test_the_training_time_test_computes_what_drafting_step_by_step_computes():
                   lengths=torch.tensor([n + 1]), reply_starts=torch.tensor([1]))
     embed = target.get_input_embeddings()
     with torch.no_grad():
-        outputs = unrolled_outputs(head, embed, batch, steps)
+        outputs = chain_outputs(head, embed, batch, steps, Chains(first=torch.tensor([0]), count=torch.tensor([n])))
         for t in (0, 4, n - 1):
             cache = DynamicCache()
             hidden = head(embed(ids[:, 1 : t + 2]), head.project(batch.aux[:, : t + 1]), cache=cache)[:, -1:]
-            torch.testing.assert_close(hidden[0, 0], outputs[0][0, t], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(hidden[0, 0], outputs[0][t], rtol=1e-5, atol=1e-5)
             for step in range(2, steps + 1):
                 hidden = head(embed(ids[:, t + step : t + step + 1]), hidden, cache=cache)
-                torch.testing.assert_close(hidden[0, 0], outputs[step - 1][0, t], rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(hidden[0, 0], outputs[step - 1][t], rtol=1e-5, atol=1e-5)
+
+
+def _random_sequences(generator, lengths_and_starts, vocab: int, hidden: int):
+    from specdec_core.train.dataset import Sequence
+
+    return [Sequence(ids=torch.randint(0, vocab, (n,), generator=generator),
+                     aux=torch.randn(n - 1, 3 * hidden, generator=generator).half(),
+                     final=(torch.randn(n - 1, hidden, generator=generator) * 3).half(),
+                     reply_start=start, mode="t1.0", family="random")
+            for n, start in lengths_and_starts]
+
+
+def _loss_chain_by_chain(head, embed, draft_lm_head, sequences, steps):
+    """The training-time test's loss and report as the drafter computes it: every trained chain
+    drafted on its own, one token at a time with the head's KV cache."""
+    from transformers import DynamicCache
+
+    from specdec_core.train.ttt import STEP_WEIGHT
+
+    losses, agree = {j: [] for j in range(1, steps + 1)}, {j: [] for j in range(1, steps + 1)}
+    for s in sequences:
+        last = len(s.ids) - 2  # the last position with the target's features
+        for t in range(max(s.reply_start - 1, 0), last):
+            cache = DynamicCache()
+            hidden = head(embed(s.ids[None, 1 : t + 2]), head.project(s.aux[None, : t + 1]), cache=cache)[:, -1:]
+            for step in range(1, min(steps, last - t) + 1):
+                if step > 1:
+                    hidden = head(embed(s.ids[None, t + step : t + step + 1]), hidden, cache=cache)
+                log_q = torch.log_softmax(head.logits(hidden[0, 0]).float(), -1)
+                p = torch.softmax(s.final[t + step].float() @ draft_lm_head.T, -1)
+                losses[step].append(-(p * log_q).sum())
+                agree[step].append(float(log_q.argmax() == p.argmax()))
+    total = sum(STEP_WEIGHT ** (j - 1) * torch.stack(losses[j]).mean() for j in losses)
+    report = {j: (float(torch.stack(losses[j]).mean().detach()), sum(agree[j]) / len(agree[j]), len(agree[j])) for j in losses}
+    return total, report
+
+
+def test_the_training_loss_and_its_gradient_are_those_of_drafting_every_trained_chain_on_its_own():
+    """The batched training-time test (only chains from the last prompt token on, packed, their
+    own entries attended as dot products) gives the loss, per-step agreement and counts, and the
+    gradient, of drafting each trained chain alone with the KV cache: padding, prompts of other
+    lengths and chains that end early change nothing."""
+    from specdec_core.train.dataset import make_batch
+    from specdec_core.train.ttt import ttt_loss
+
+    target = tiny_llama(seed=1, vocab=300)
+    embed = target.get_input_embeddings()
+    generator = torch.Generator().manual_seed(4)
+    steps = 3
+    sequences = _random_sequences(generator, [(19, 6), (11, 1), (15, 11), (24, 3)], vocab=300, hidden=64)
+    draft_lm_head = target.get_output_embeddings().weight.detach()[:50].float()
+    head = Eagle3Head.random(target.config, draft_vocab_size=50, layer_ids=(1, 1, 0), seed=3).float().train()
+    batched, report = ttt_loss(head, embed, draft_lm_head, make_batch(sequences, steps), steps)
+    batched_grads = torch.autograd.grad(batched, list(head.parameters()))
+    alone, expected = _loss_chain_by_chain(head, embed, draft_lm_head, sequences, steps)
+    alone_grads = torch.autograd.grad(alone, list(head.parameters()))
+
+    torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-6)
+    assert report.keys() == expected.keys()
+    for step in expected:
+        torch.testing.assert_close(report[step][0], expected[step][0], rtol=1e-5, atol=1e-6)
+        assert report[step][1:] == (pytest.approx(expected[step][1]), expected[step][2])
+    for got, want in zip(batched_grads, alone_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_the_trained_head_drafts_in_the_engine_and_the_output_stays_the_targets(data_work, tiny_train_config, smol_tokenizer):

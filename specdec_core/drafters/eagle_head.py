@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from ..errors import LoadError
 
@@ -78,14 +78,42 @@ class Eagle3DecoderLayer(nn.Module):
         cache=None,
     ) -> torch.Tensor:
         """embeds, hidden: [1, n, H] -> [1, n, H] (the layer's output, before the final norm)."""
-        normed_hidden = self.hidden_norm(hidden)
-        residual = normed_hidden if self.norm_before_residual else hidden
-        x = torch.cat([self.input_layernorm(embeds), normed_hidden], dim=-1)
+        x, residual = self.attention_input(embeds, hidden)
         attended, _ = self.self_attn(
             hidden_states=x, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache
         )
+        return self.finish(residual, attended)
+
+    # The pieces of forward, for a caller that runs the attention itself (the trainer's
+    # training-time test: its chains see different keys, see train/ttt.py).
+
+    def attention_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x [..., n, 2H] the attention reads, the residual [..., n, H])."""
+        normed_hidden = self.hidden_norm(hidden)
+        residual = normed_hidden if self.norm_before_residual else hidden
+        return torch.cat([self.input_layernorm(embeds), normed_hidden], dim=-1), residual
+
+    def queries(self, x: torch.Tensor, position_embeddings) -> torch.Tensor:
+        """[B, n, 2H] -> rotated queries [B, heads, n, head_dim]."""
+        return _rotated(self.self_attn.q_proj(x), self.self_attn.head_dim, position_embeddings)
+
+    def keys_values(self, x: torch.Tensor, position_embeddings) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, n, 2H] -> (rotated keys, values), each [B, kv_heads, n, head_dim]."""
+        attn = self.self_attn
+        values = attn.v_proj(x).unflatten(-1, (-1, attn.head_dim)).transpose(1, 2)
+        return _rotated(attn.k_proj(x), attn.head_dim, position_embeddings), values
+
+    def finish(self, residual: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The layer's output from the attention's (after o_proj) [..., n, H]."""
         h = residual + attended
         return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def _rotated(projected: torch.Tensor, head_dim: int, position_embeddings) -> torch.Tensor:
+    """[B, n, heads * head_dim] -> [B, heads, n, head_dim] with RoPE applied, as LlamaAttention does."""
+    states = projected.unflatten(-1, (-1, head_dim)).transpose(1, 2)
+    cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+    return states * cos + rotate_half(states) * sin
 
 
 class Eagle3Head(nn.Module):
