@@ -1,5 +1,5 @@
 """What the policy measures: target forwards by token count, drafting per token, and a
-drafter's catch-up, as running averages."""
+drafter's catch-up (medians of recent samples, and a line for the catch-up)."""
 
 from __future__ import annotations
 
