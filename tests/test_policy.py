@@ -235,6 +235,32 @@ def test_a_verify_size_is_priced_relative_to_the_current_plain_step():
     assert policy.next_draft_length(room=100) == 0
 
 
+def test_a_plain_step_the_machine_stalled_does_not_make_a_losing_draft_look_cheap():
+    # The offline EAGLE head sampling at T = 0.7 on a loaded 2-core machine (docs/benchmarks.md,
+    # sampled decoding): plain steps 93 ms, one draft 13 ms and its 2-token verify 114 ms
+    # (1.23 steps), kept 30% of the time: 1.3 tokens for 1.37 steps, a loss. One plain step the
+    # scheduler stalled (600 ms) lifted a running average to 220 ms; drafting rounds never time a
+    # plain step, so each verify read cheaper next to it and the head drafted every round after.
+    step, draft, verify = 0.093, 0.013, 0.114
+    policy = DraftLengthPolicy(k=1)
+    for _ in range(8):
+        policy.update(drafted=0, accepted=0, draft_s=0.0, verify_s=step)
+    for accepted in (1, 0, 0):
+        policy.update(drafted=1, accepted=accepted, draft_s=draft, verify_s=verify)
+    policy.update(drafted=0, accepted=0, draft_s=0.0, verify_s=0.600)  # stalled
+    tokens = seconds = drafting = 0.0
+    for round_number in range(200):
+        if policy.next_draft_length(room=1000):
+            accepted = int(round_number % 10 < 3)  # 30% of the drafts kept
+            policy.update(drafted=1, accepted=accepted, draft_s=draft, verify_s=verify)
+            tokens, seconds, drafting = tokens + 1 + accepted, seconds + draft + verify, drafting + 1
+        else:
+            policy.update(drafted=0, accepted=0, draft_s=0.0, verify_s=step)
+            tokens, seconds = tokens + 1, seconds + step
+    assert drafting < 0.3 * 200  # probes only
+    assert tokens / seconds >= 0.98 / step  # it loses at most what probing may
+
+
 # torch's int4 CPU kernel in the 4-bit offline target (ms per forward over n tokens, 2 threads,
 # scripts/cpu_weights_costs.py; 7 set between its neighbours): it works in blocks of 4 rows, so
 # 5 tokens cost far more than 4.

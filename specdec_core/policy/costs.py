@@ -1,11 +1,20 @@
 """What the policy measures: target forwards by token count, drafting per token, and a
-drafter's catch-up, as running averages."""
+drafter's catch-up (medians of recent samples, and a line for the catch-up)."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 
 SMOOTHING = 0.25  # weight of the newest sample in the running averages
+# Step and drafting times are the median of this many recent samples, not a running average: on
+# a shared machine one step the scheduler stalled (hundreds of ms against 20-90) lifted the
+# average plain step for many rounds, and as a drafting round never times a plain step, what a
+# verify cost next to it (its ratio) read low and the policy kept drafting at a loss: measured
+# under sampling (T = 0.7), the offline EAGLE head drafted on a plain step priced at 183 ms
+# where plain steps took 93 (docs/benchmarks.md, sampled decoding).
+WINDOW = 9
 
 
 def average(old: float | None, new: float) -> float:
@@ -53,14 +62,17 @@ class LineFit:
 
 @dataclass
 class StepCosts:
-    """Running averages of measured times: target forwards by token count, drafting per token,
-    and the drafter's catch-up by tokens read (a line: one pass plus a cost per token).
+    """Measured times: target forwards by token count and drafting per token (each the median
+    of its last WINDOW samples), and the drafter's catch-up by tokens read (a line: one pass plus
+    a cost per token).
 
     A forward over n > 1 tokens is remembered relative to the 1-token step of its time, and
     priced at that ratio times the current 1-token step. Plain steps come every few rounds and
     follow the context as it grows; a verify size may not have run since the context was much
     shorter (an engine keeps its costs across replies), and its seconds from then would make
     drafting look cheap on a long prompt: 12.6 ms remembered against 17.2 ms measured there.
+    A ratio is never below 1: a forward over more tokens never costs less than over one, and
+    one that read so was timed against a plain step that the machine had slowed.
     """
 
     target_s: dict[int, float] = field(default_factory=dict)  # tokens in the forward -> seconds
@@ -69,18 +81,26 @@ class StepCosts:
     timed: bool = True  # False: records nothing, so every choice made from these stays untimed
     # tokens (> 1) -> the forward's time over the 1-token step's average when it ran
     relative: dict[int, float] = field(default_factory=dict)
+    # The recent samples the medians above are taken over, by what they measure.
+    _samples: dict = field(default_factory=dict, repr=False)
 
     def record_target(self, tokens: int, seconds: float) -> None:
         if not self.timed:
             return
-        self.target_s[tokens] = average(self.target_s.get(tokens), seconds)
+        self.target_s[tokens] = self._recent_median(("target", tokens), seconds)
         step = self.target_s.get(1)
         if tokens > 1 and step:
-            self.relative[tokens] = average(self.relative.get(tokens), seconds / step)
+            self.relative[tokens] = max(self._recent_median(("relative", tokens), seconds / step), 1.0)
 
     def record_draft(self, tokens: int, seconds: float) -> None:
         if tokens and self.timed:
-            self.draft_s_per_token = average(self.draft_s_per_token, seconds / tokens)
+            self.draft_s_per_token = self._recent_median(("draft", 1), seconds / tokens)
+
+    def _recent_median(self, key: tuple[str, int], sample: float) -> float:
+        """The median of the last WINDOW samples under `key`, `sample` added."""
+        window = self._samples.setdefault(key, deque(maxlen=WINDOW))
+        window.append(sample)
+        return median(window)
 
     def record_catch_up(self, tokens: int, seconds: float) -> None:
         if tokens and self.timed:
