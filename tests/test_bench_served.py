@@ -28,6 +28,8 @@ from tests.conftest import free_port
 from tests.test_api import launch_server
 
 REPEATING = "one two three one two three one two three"  # prompt lookup finds matches in the reply
+# The tiny preset's draft model (a perturbed copy of the target): some drafts kept, some not.
+DRAFTING = {"drafter": "model", "draft_length": 3, "adaptive": False}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +67,7 @@ def test_rounds_rebuilt_from_counters_by_hand():
     assert (tally.rounds, tally.drafted, tally.accepted, tally.plain_rounds) == (8, 12, 4, 5)
     assert sum(kept + 1 for _, kept in rounds) == 12  # every forward yields its kept tokens plus one
     # n-gram drafts of uneven length (7 tokens over 2 rounds): 4 and 3, the longer to the round that kept more
-    assert sorted(rounds_from_counters(5, SpecCounters(2, 7, 3, (2, 1))), reverse=True) == [(4, 2), (3, 1), (0, 0)]
+    assert sorted(rounds_from_counters(6, SpecCounters(2, 7, 3, (2, 1))), reverse=True) == [(4, 2), (3, 1), (0, 0)]
     assert rounds_from_counters(3, SpecCounters()) == [(0, 0)] * 3  # plain decoding: a forward a token
 
 
@@ -99,9 +101,10 @@ def test_counters_read_vllms_metric_names_summed_over_labels():
 
 def test_a_served_method_reads_the_replys_tokens_timings_and_counters(api_server):
     url, holder = api_server
-    method = ServedMethod("vllm-ngram", url)
+    # This server's own request field for what vLLM sets at its start: a drafter, a fixed length.
+    method = ServedMethod("vllm-eagle", url, extra={"speculative": DRAFTING})
     assert method.model in method.served_models()
-    method.model = "tiny"  # its default drafter is prompt lookup: n-gram drafting, as vllm-ngram's
+    method.model = "tiny"
     models = holder.get("tiny")
     messages = [{"role": "user", "content": REPEATING}]
     prompt = chat_prompt_ids(models.tokenizer, messages)
@@ -182,7 +185,7 @@ def test_vllm_methods_are_absent_with_one_line_where_vllm_is_not_importable(no_v
                      "--categories", "qa", "--limit", "1", "--max-new-tokens", "4", "--repeats", "1",
                      "--warmup-tokens", "0"])
     assert code == 0
-    lines = [line for line in capsys.readouterr().err.splitlines() if "vllm" in line]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("vllm")]
     assert lines == [f"{problem}: vllm, vllm-ngram, vllm-eagle not compared"]
     assert not set(VLLM_METHODS) & set(json.loads((tmp_path / "results.json").read_text())["results"])
     # named, it stops the bench with that line

@@ -108,12 +108,14 @@ class ServedReply:
 class ServedMethod:
     """A bench method answered by an OpenAI-compatible server at `url` (its root: /v1 and /metrics
     below it). `model`: the name to ask for (None: the first the server lists). `server`: the
-    process the bench started for it, if any (closed with the method)."""
+    process the bench started for it, if any (closed with the method). `extra`: fields added to
+    every request (a server's own extensions, as this project's `speculative`)."""
 
     target = None  # nothing for trace_forwards to hook
 
-    def __init__(self, name: str, url: str, model: str | None = None, server=None, timeout_s: float = 600.0) -> None:
-        self.name, self.url, self.server = name, url.rstrip("/"), server
+    def __init__(self, name: str, url: str, model: str | None = None, server=None, timeout_s: float = 600.0,
+                 extra: dict | None = None) -> None:
+        self.name, self.url, self.server, self.extra = name, url.rstrip("/"), server, dict(extra or {})
         self.client = httpx.Client(timeout=timeout_s)
         self.model = model if model is not None else self.served_models()[0]
         # (prompt tokens our chat template made, prompt tokens the server read) per run: a server
@@ -149,7 +151,7 @@ class ServedMethod:
             "stream_options": {"include_usage": True},
             # The reply's token ids: vLLM returns them with return_token_ids, this project's API
             # with return_sources (each ignores the other's field).
-            "return_token_ids": True, "return_sources": True,
+            "return_token_ids": True, "return_sources": True, **self.extra,
         }
         if params.top_k:
             body["top_k"] = params.top_k  # both servers' extension; 0 means off in ours, not in every server
