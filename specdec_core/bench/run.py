@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .methods import (
@@ -102,15 +106,16 @@ def run(args: argparse.Namespace, command: str = "") -> int:
         inform(f"llamacpp: the target {models.preset.target.label} is not a GGUF file: not compared")
     if any(m in VLLM_METHODS for m in methods):
         inform("starting vLLM servers (minutes) ...")
-    bench_methods = make_methods(methods, models, threads=args.threads, vllm=vllm)
-    try:
-        calibration = layer_skip_calibration(bench_methods)  # made (calibrated) with its engine
-        if calibration:
-            inform(calibration["line"])
-        prompts = {q.question_id: chat_prompt_ids(models.tokenizer, _conversation(q)) for q in questions}
-        runs = measure(questions, prompts, bench_methods, params, args.repeats, args.warmup_tokens, args.seed)
-    finally:
-        close_methods(bench_methods)  # the vLLM servers the bench started stop here
+    with _exit_on_sigterm():  # a timeout's or kill's SIGTERM runs the finally: the servers stop
+        bench_methods = make_methods(methods, models, threads=args.threads, vllm=vllm)
+        try:
+            calibration = layer_skip_calibration(bench_methods)  # made (calibrated) with its engine
+            if calibration:
+                inform(calibration["line"])
+            prompts = {q.question_id: chat_prompt_ids(models.tokenizer, _conversation(q)) for q in questions}
+            runs = measure(questions, prompts, bench_methods, params, args.repeats, args.warmup_tokens, args.seed)
+        finally:
+            close_methods(bench_methods)  # the vLLM servers the bench started stop here
     served = {m.name: m.describe() for m in bench_methods if hasattr(m, "describe")}
     for name, about in served.items():
         if about["prompt_tokens_differ"]:
@@ -212,6 +217,24 @@ def measure(
                     runs[q.question_id, method.name].append(timed_run(method, ids, run_params, messages))
                     bar.update(1)
     return runs
+
+
+@contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises SystemExit meanwhile (Python's default ends the process at once, skipping
+    the finally blocks that stop the vLLM servers the bench started). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_now(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _conversation(question: Question) -> list[dict]:
