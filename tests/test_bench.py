@@ -330,7 +330,8 @@ def test_llamacpp_is_a_method_only_where_llama_cpp_is_importable(tiny_app_config
     # simulated: as where llama-cpp-python is installed
     present = lambda name, *a: object() if name == "llama_cpp" else real_find_spec(name, *a)  # noqa: E731
     monkeypatch.setattr(bench_methods.importlib.util, "find_spec", present)
-    assert bench_methods.llamacpp_problem() is None and available_methods() == METHODS
+    assert bench_methods.llamacpp_problem() is None
+    assert available_methods() == tuple(m for m in METHODS if m not in bench_methods.VLLM_METHODS)  # no vLLM asked
     # the default methods leave it out, with one line, for a target that is not a GGUF file
     capsys.readouterr()
     code = cli.main(["--preset", "tiny", "--config", str(tiny_app_config), "--out", str(tmp_path),

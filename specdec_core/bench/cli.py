@@ -33,6 +33,7 @@ from .ceiling_report import write as write_ceiling
 from .cost_model_report import markdown_table
 from .cost_model_report import write as write_cost_model
 from .methods import LLAMACPP, METHODS
+from .vllm_server import VLLM_METHODS, VLLM_PYTHON_ENV
 from .synthetic import COST_MODES
 
 PROG = "python -m specdec_core.bench"
@@ -126,8 +127,9 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="timed runs per question and method (median kept)")
     p.add_argument("--methods", help=f"comma-separated, from {','.join(METHODS)} (default: all of them; "
-                   f"{LLAMACPP} only where llama-cpp-python is installed, ours-eagle and ours-hybrid only "
-                   "when the preset's EAGLE head loads, ours-medusa when its Medusa heads do)")
+                   f"{LLAMACPP} only where llama-cpp-python is installed, the vllm methods where vLLM is "
+                   "importable by --vllm-python or a server is given, ours-eagle, ours-hybrid and vllm-eagle "
+                   "only when the preset's EAGLE head loads, ours-medusa when its Medusa heads do)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--seed", type=int, default=0, help="base seed of Hugging Face's sampling runs (temperature > 0); ours sample unseeded, as a chat does (a seed turns the cost gate off)")
     p.add_argument("--warmup-tokens", type=int, default=16,
@@ -139,6 +141,10 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    help="compile the decoding steps (default: the preset's compile setting; on CPU only the "
                         "target's, minutes the first time; compiled in the background, auto, is waited for)")
     p.add_argument("--out", default=run.DEFAULT_OUT, help=f"output folder (default: {run.DEFAULT_OUT})")
+    p.add_argument("--vllm-python", help=f"an interpreter that imports vllm (its own venv): the bench starts the "
+                   f"servers of {','.join(VLLM_METHODS)} with it (default: ${VLLM_PYTHON_ENV}, else this python)")
+    p.add_argument("--vllm-servers", help="running OpenAI-compatible servers to ask instead, as METHOD=URL pairs: "
+                   "vllm=http://127.0.0.1:8000,vllm-eagle=http://127.0.0.1:8001")
 
 
 def _run(args: argparse.Namespace, command: str) -> int:

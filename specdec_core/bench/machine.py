@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import importlib.metadata
+import math
 import os
 import platform
 import subprocess
@@ -84,6 +85,19 @@ def gguf_bytes_per_step(path) -> int:
     return int(sum(tensor.rows.nbytes for tensor in tensors))
 
 
+def safetensors_bytes_per_step(folder, bytes_per_weight: int = 2) -> int:
+    """Bytes a server reading a save_pretrained folder's weights in another dtype (vLLM's bfloat16:
+    2 bytes a weight) reads per step: every tensor once (a tied head is stored once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as weights:
+            for name in weights.keys():
+                total += math.prod(weights.get_slice(name).get_shape()) * bytes_per_weight
+    return total
+
+
 def bandwidth_ceiling(
     model: torch.nn.Module,
     tokens_per_second: dict[str, float],
@@ -91,7 +105,7 @@ def bandwidth_ceiling(
     own_weight_bytes: dict[str, int] | None = None,
 ) -> dict:
     """The ceiling of plain decoding (read bandwidth / weight bytes per step) and each method's
-    tokens/s as a share of it. A method that runs its own copy of the weights (llamacpp) is
+    tokens/s as a share of it. A method that runs its own copy of the weights (llamacpp, vLLM) is
     measured against its own bytes (own_weight_bytes). Speculative methods can pass 100%: one
     step reads the weights once for several tokens."""
     weight_bytes = weight_bytes_read_per_step(model)

@@ -11,6 +11,12 @@ hf-*    Hugging Face `generate()`: plain greedy, assisted generation with the pr
 llamacpp  llama.cpp (llama-cpp-python) decoding the preset's GGUF file plainly and greedily: the
         same prompt token ids (our chat template), eos ids and max_new_tokens. Optional: only
         where llama_cpp is importable (`pip install llama-cpp-python` compiles llama.cpp).
+vllm-*  vLLM serving the preset's target: `vllm` plainly, `vllm-ngram` with its n-gram drafting,
+        `vllm-eagle` with the preset's EAGLE-3 head. Each is an OpenAI-compatible server asked
+        for the question as a chat (its chat template makes the prompt), streamed; its
+        speculative counters come from its /metrics (served.py). Optional: only where a server is
+        given (--vllm-servers) or vLLM is importable by --vllm-python, which the bench then
+        starts (vllm_server.py).
 
 All methods run the same loaded model, so on CPU Hugging Face's too runs on the prepacked linear
 layers (packed_linear): the methods differ only in how they decode.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from pathlib import Path
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -37,6 +44,8 @@ import torch
 from ..chat import eos_token_ids
 from ..events import NodeAcceptance, RoundTally
 from ..sampling import SamplingParams
+from .served import ServedMethod
+from .vllm_server import VLLM, VLLM_EAGLE, VLLM_METHODS, VLLM_NGRAM, server_problem, start_servers, vllm_problem
 
 OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lookup"
 OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE = "ours-eagle", "ours-hybrid", "ours-eagle-tree"
@@ -44,8 +53,8 @@ OURS_MEDUSA = "ours-medusa"
 OURS_LAYER_SKIP = "ours-layer-skip"
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "hf-generate", "hf-assisted", "hf-lookup"
 LLAMACPP = "llamacpp"
-METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE, OURS_MEDUSA, OURS_LAYER_SKIP, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP)
-NEEDS_EAGLE_HEAD = (OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE)  # left out of the default methods when the preset has none
+METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE, OURS_MEDUSA, OURS_LAYER_SKIP, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP, *VLLM_METHODS)
+NEEDS_EAGLE_HEAD = (OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE, VLLM_EAGLE)  # left out of the default methods when the preset has none
 NEEDS_MEDUSA_HEADS = (OURS_MEDUSA,)  # likewise for Medusa heads
 LLAMACPP_INSTALL = "pip install llama-cpp-python (it compiles llama.cpp: a C++ compiler and cmake, a few minutes)"
 BASELINE_OF = {  # each speculative method's own plain decoding
@@ -291,13 +300,39 @@ def llamacpp_problem() -> str | None:
     return None
 
 
-def available_methods() -> tuple[str, ...]:
-    """METHODS that can run here: llamacpp only where llama_cpp is importable."""
-    return tuple(m for m in METHODS if m != LLAMACPP or llamacpp_problem() is None)
+@dataclass(frozen=True)
+class VllmOptions:
+    """Where the vllm methods come from: running servers ({method: URL}), else servers the bench
+    starts with `python` (an interpreter that imports vllm), logging into `log_dir`."""
+
+    python: str
+    servers: dict[str, str] = field(default_factory=dict)
+    log_dir: Path = Path(".")
+
+    def problem(self, name: str) -> str | None:
+        """Why vllm method `name` can't run here (one line), or None."""
+        if name in self.servers:
+            return server_problem(name, self.servers[name])
+        return vllm_problem(self.python)
 
 
-def make_methods(names: list[str], models, threads: int | None = None) -> list:
-    """Build the named methods from a LoadedModels (see loading.load_preset)."""
+def available_methods(vllm: VllmOptions | None = None) -> tuple[str, ...]:
+    """METHODS that can run here: llamacpp only where llama_cpp is importable; the vllm methods
+    only where a server is given for them or vllm is importable by vllm.python."""
+    def runs_here(name: str) -> bool:
+        if name == LLAMACPP:
+            return llamacpp_problem() is None
+        if name in VLLM_METHODS:
+            return vllm is not None and vllm.problem(name) is None
+        return True
+
+    return tuple(m for m in METHODS if runs_here(m))
+
+
+def make_methods(names: list[str], models, threads: int | None = None, vllm: VllmOptions | None = None) -> list:
+    """Build the named methods from a LoadedModels (see loading.load_preset). vLLM servers the
+    bench starts are started together and stop when their methods close (close_methods)."""
+    served = _served_methods([n for n in names if n in VLLM_METHODS], models, vllm)
     methods = []
     for name in names:
         if name in _OURS_DRAFTER:
@@ -306,9 +341,65 @@ def make_methods(names: list[str], models, threads: int | None = None) -> list:
             methods.append(HFMethod(name, models.target, models.tokenizer, models.draft))
         elif name == LLAMACPP:
             methods.append(LlamaCppMethod(_gguf_of(models), models.tokenizer, models.target, threads))
+        elif name in served:
+            methods.append(served[name])
         else:
+            close_methods(served.values())
             raise ValueError(f"unknown method {name!r}; methods: {', '.join(METHODS)}")
     return methods
+
+
+def close_methods(methods) -> None:
+    """Stop what the methods hold outside this process (the vLLM servers the bench started)."""
+    for method in methods:
+        close = getattr(method, "close", None)
+        if close is not None:
+            close()
+
+
+def _served_methods(names: list[str], models, vllm: VllmOptions | None) -> dict[str, ServedMethod]:
+    """The vllm methods: a client of the server given for each, or of one started here. Every
+    server is asked for the preset's target under the preset's name, where it lists it."""
+    if not names:
+        return {}
+    if vllm is None:
+        raise ValueError(f"{names[0]}: no vLLM server given and no interpreter to start one with")
+    for name in names:
+        problem = vllm.problem(name)
+        if problem:
+            raise ValueError(problem)
+    to_start = [n for n in names if n not in vllm.servers]
+    started = start_servers(to_start, vllm.python, *_vllm_model(models, VLLM_EAGLE in to_start),
+                            vllm.log_dir) if to_start else {}
+    served: dict[str, ServedMethod] = {}
+    try:
+        for name in names:
+            server = started.get(name)
+            url = server.url if server is not None else vllm.servers[name]
+            served[name] = ServedMethod(name, url, server=server)
+            served[name].model = _preferred_model(served[name], models.preset.name)
+    except BaseException:
+        close_methods(served.values())
+        for server in started.values():
+            server.stop()
+        raise
+    return served
+
+
+def _vllm_model(models, with_head: bool) -> tuple[str, str, Path | None]:
+    """What a started server serves: the folder the target loads from (a GGUF file's dequantised
+    folder), its name (the preset's) and the preset's EAGLE head folder (when asked for)."""
+    from ..presets.sources import resolve, resolve_head
+
+    preset = models.preset
+    head = resolve_head(preset.eagle) if with_head and preset.eagle is not None else None
+    return resolve(preset.target).path, preset.name, head
+
+
+def _preferred_model(method: ServedMethod, preset_name: str) -> str:
+    """The preset's name where the server lists it (this project's API lists every preset), else
+    the model the server serves."""
+    return preset_name if preset_name in method.served_models() else method.model
 
 
 def _gguf_of(models):
@@ -321,9 +412,17 @@ def _gguf_of(models):
     return gguf_file(models.preset.target)
 
 
-def timed_run(method, prompt_ids: list[int], params: SamplingParams) -> Run:
+def timed_run(method, prompt_ids: list[int], params: SamplingParams, messages: list[dict] | None = None) -> Run:
     """Generate once under the wall clock, tracing the target's forwards (a method with no torch
-    target, llamacpp, decodes plainly: one round per token)."""
+    target, llamacpp, decodes plainly: one round per token). A served method is asked for
+    `messages`, the conversation prompt_ids were made from: the server applies its own chat template."""
+    if isinstance(method, ServedMethod):
+        if messages is None:
+            raise ValueError(f"{method.name} asks a server: it needs the conversation, not only its token ids")
+        reply = method.ask(messages, params)
+        method.prompt_tokens_seen.append((len(prompt_ids), reply.prompt_tokens))
+        return Run(method.name, reply.token_ids, reply.wall_s, reply.rounds, ttft_s=reply.ttft_s,
+                   first_round_tokens=reply.first_tokens)
     if method.target is None:
         start = time.perf_counter()
         token_ids = method.generate(prompt_ids, params)

@@ -14,6 +14,7 @@ from .methods import (
     OURS_BASELINE,
     OURS_LOOKUP,
     OURS_MODEL,
+    VLLM,
     RunTotals,
     Run,
 )
@@ -105,7 +106,10 @@ def summarize(
     }
 
 
-_SPEEDUPS = ((HF_GENERATE, "speedup_vs_hf_generate"), (OURS_BASELINE, "speedup_vs_ours_baseline"))
+# vLLM's speculative methods against its own plain decoding (None where vllm didn't run): the
+# theory check leaves them out, its costs are our target's steps, not vLLM's.
+_SPEEDUPS = ((HF_GENERATE, "speedup_vs_hf_generate"), (OURS_BASELINE, "speedup_vs_ours_baseline"),
+             (VLLM, "speedup_vs_vllm"))
 # The decode-phase rate: tokens after each run's first round over the time after its first token,
 # the app's definition (Stats.decode_tokens_per_second); tokens_per_second is end to end.
 DECODE_RATE = "decode_tokens_per_second"
@@ -243,6 +247,7 @@ def markdown(report: dict) -> str:
         "",
         *_table(methods, heads, lambda m, f: _x(results[m][f].get("decode_speedup_vs_ours_baseline")), columns),
         "",
+        *(_vllm_lines(methods, heads, results, columns) if VLLM in results else []),
         "## Tokens per second (end to end: the prompt reading included)",
         "",
         *_table(methods, heads, lambda m, f: f"{results[m][f]['tokens_per_second']:.1f}", columns),
@@ -321,7 +326,8 @@ def markdown(report: dict) -> str:
             f"here. This machine reads {b['read_bandwidth_gbs']:.1f} GB/s ({b['bandwidth_source']}), so plain "
             f"decoding can't pass {b['ceiling_tokens_per_s']:.0f} tokens/s. Share of that ceiling, overall "
             "(above 100%: speculation reads the weights once for several tokens; a method that runs its "
-            "own copy of the weights, llamacpp, is measured against that copy's bytes):",
+            "own copy of the weights, llamacpp or a vLLM server the bench started, is measured against that "
+            "copy's bytes):",
             "",
             "| method | tokens/s | share of ceiling |",
             "|---|---|---|",
@@ -373,6 +379,13 @@ def _tree_lines(report: dict) -> list[str]:
             )
     lines.append("")
     return lines
+
+
+def _vllm_lines(methods, heads, results, columns) -> list[str]:
+    """vLLM's methods over its own plain decoding (each engine's speculation against itself)."""
+    served = [m for m in methods if m.startswith(VLLM)]
+    return ["## Speedup over vllm (vLLM's plain decoding)", "",
+            *_table(served, heads, lambda m, f: _x(results[m][f].get("speedup_vs_vllm")), columns), ""]
 
 
 def _table(methods, heads, cell, columns) -> list[str]:

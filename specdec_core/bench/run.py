@@ -3,7 +3,7 @@
     python -m specdec_core.bench [run] --preset NAME [--config PATH] [--questions PATH]
         [--categories a,b] [--limit N] [--max-new-tokens N] [--repeats N]
         [--methods ours-baseline,ours-model,ours-lookup,ours-eagle,ours-hybrid,ours-medusa,hf-generate,hf-assisted,hf-lookup]
-        [--temperature T] [--out DIR]
+        [--temperature T] [--out DIR] [--vllm-python PATH] [--vllm-servers vllm=URL,...]
 
 Flags and outputs are a contract (issue 5). Every method gets the same chat-template prompt and
 the same max_new_tokens; methods are interleaved per question (their order rotates, so machine
@@ -13,16 +13,21 @@ ours-baseline's: a mismatch of one of our methods is a bug and the command exits
 writing the results); a mismatch of a Hugging Face method is reported only. Bad flags, presets
 or files exit with 2 and a one-line error. The flags are read in cli.py.
 
-Outputs in DIR: results.json, results.md, speedup.png, acceptance.png.
+Outputs in DIR: results.json, results.md, speedup.png, acceptance.png (and vllm-*.log, the logs
+of the vLLM servers the bench started).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .methods import (
@@ -31,16 +36,21 @@ from .methods import (
     NEEDS_DRAFT_MODEL,
     NEEDS_EAGLE_HEAD,
     NEEDS_MEDUSA_HEADS,
+    VLLM_METHODS,
     Run,
+    VllmOptions,
     available_methods,
+    close_methods,
     llamacpp_problem,
     make_methods,
     timed_run,
 )
+from .vllm_server import parse_servers, vllm_python
 from ..presets.config import GGUF_KINDS
 from .questions import DEFAULT_QUESTIONS, Question, load_questions
 from ..cli import EXIT_ERROR, inform  # noqa: F401  (EXIT_ERROR: an exit code)
-from .machine import bandwidth_ceiling, gguf_bytes_per_step, load_average, machine, model_device, versions
+from .machine import (bandwidth_ceiling, gguf_bytes_per_step, load_average, machine, model_device,
+                      safetensors_bytes_per_step, versions)
 
 EXIT_MISMATCH = 1
 DEFAULT_OUT = "bench_out"  # git-ignored
@@ -52,11 +62,14 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     from ..presets.loading import load_preset
     from ..sampling import SamplingParams
 
-    methods = _methods(args.methods) if args.methods else list(available_methods())
+    out = Path(args.out)
+    vllm = VllmOptions(vllm_python(args.vllm_python), parse_servers(args.vllm_servers), out)
+    methods = _methods(args.methods) if args.methods else list(available_methods(vllm))
     if not args.methods and LLAMACPP not in methods:
         inform(f"{llamacpp_problem()}: not compared")
     if LLAMACPP in methods and llamacpp_problem():
         raise ValueError(llamacpp_problem())
+    _check_vllm(methods, vllm, explicit=bool(args.methods))
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     if args.warmup_tokens < 0:
@@ -64,7 +77,6 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     questions = load_questions(args.questions, categories, args.limit)
     params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     _quiet_transformers()
@@ -92,14 +104,23 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     if args.methods is None and LLAMACPP in methods and models.preset.target.kind not in GGUF_KINDS:
         methods = [m for m in methods if m != LLAMACPP]
         inform(f"llamacpp: the target {models.preset.target.label} is not a GGUF file: not compared")
-    bench_methods = make_methods(methods, models, threads=args.threads)
-    calibration = layer_skip_calibration(bench_methods)  # made (calibrated) with its engine
-    if calibration:
-        inform(calibration["line"])
-    prompts = {
-        q.question_id: chat_prompt_ids(models.tokenizer, [{"role": "user", "content": q.prompt}]) for q in questions
-    }
-    runs = measure(questions, prompts, bench_methods, params, args.repeats, args.warmup_tokens, args.seed)
+    if any(m in VLLM_METHODS for m in methods):
+        inform("starting vLLM servers (minutes) ...")
+    with _exit_on_sigterm():  # a timeout's or kill's SIGTERM runs the finally: the servers stop
+        bench_methods = make_methods(methods, models, threads=args.threads, vllm=vllm)
+        try:
+            calibration = layer_skip_calibration(bench_methods)  # made (calibrated) with its engine
+            if calibration:
+                inform(calibration["line"])
+            prompts = {q.question_id: chat_prompt_ids(models.tokenizer, _conversation(q)) for q in questions}
+            runs = measure(questions, prompts, bench_methods, params, args.repeats, args.warmup_tokens, args.seed)
+        finally:
+            close_methods(bench_methods)  # the vLLM servers the bench started stop here
+    served = {m.name: m.describe() for m in bench_methods if hasattr(m, "describe")}
+    for name, about in served.items():
+        if about["prompt_tokens_differ"]:
+            inform(f"{name}: the server's chat template made prompts of another length than ours "
+                   f"({about['prompt_tokens_differ'][0]}): it read other prompts")
 
     from .outputs import write_json
     from .report import plot_acceptance, plot_speedup, summarize, write_markdown
@@ -113,6 +134,8 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     summary = summarize(questions, runs, methods, params.greedy, costs)
     overall = {m: per_family["overall"]["tokens_per_second"] for m, per_family in summary["results"].items()}
     own = {m.name: gguf_bytes_per_step(m.gguf_path) for m in bench_methods if m.name == LLAMACPP}
+    own |= {m.name: safetensors_bytes_per_step(m.server.model_dir)  # a started vLLM server's bfloat16 copy
+            for m in bench_methods if getattr(m, "server", None) is not None}
     bandwidth = bandwidth_ceiling(models.target, overall, own_weight_bytes=own)
     report = {
         "command": command,
@@ -141,6 +164,7 @@ def run(args: argparse.Namespace, command: str = "") -> int:
         "layer_skip_calibration": calibration,
         "bandwidth": bandwidth,
         "per_question": _per_question(questions, prompts, runs, methods, summary["identity"]),
+        "served": served,  # the servers the vllm methods asked (URL, model, the command that started one)
     }
     write_json(out / "results.json", report)
     write_markdown(out / "results.md", report)
@@ -180,18 +204,54 @@ def measure(
         for qi, q in enumerate(questions):
             ids = prompts[q.question_id]
             order = _rotated(methods, qi)
+            messages = _conversation(q)  # what a served method sends; ids are our template's of it
             if warmup_tokens:
                 for method in order:
                     bar.set_postfix_str(f"{q.family} warm-up {method.name}", refresh=False)
-                    timed_run(method, ids, warmup)
+                    timed_run(method, ids, warmup, messages)
                     bar.update(1)
             for r in range(repeats):
                 run_params = params if params.greedy else dataclasses.replace(params, seed=seed + 1000 * qi + r)
                 for method in _rotated(order, r):
                     bar.set_postfix_str(f"{q.family} {method.name}", refresh=False)
-                    runs[q.question_id, method.name].append(timed_run(method, ids, run_params))
+                    runs[q.question_id, method.name].append(timed_run(method, ids, run_params, messages))
                     bar.update(1)
     return runs
+
+
+@contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises SystemExit meanwhile (Python's default ends the process at once, skipping
+    the finally blocks that stop the vLLM servers the bench started). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_now(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _conversation(question: Question) -> list[dict]:
+    return [{"role": "user", "content": question.prompt}]
+
+
+def _check_vllm(methods: list[str], vllm: VllmOptions, explicit: bool) -> None:
+    """A vllm method named in --methods, or given a server, that can't run: a one-line error.
+    Those left out of the default methods for want of vLLM: one line saying so."""
+    for name in VLLM_METHODS:
+        if (explicit and name in methods) or (name in vllm.servers and (name in methods or not explicit)):
+            problem = vllm.problem(name)
+            if problem:
+                raise ValueError(problem)
+    missing = [m for m in VLLM_METHODS if m not in methods]
+    if not explicit and missing:
+        inform(f"{vllm.problem(missing[0])}: {', '.join(missing)} not compared")
 
 
 def _rotated(items: list, by: int) -> list:
