@@ -60,7 +60,7 @@ import torch
 from .features import StepFeatures, settle_features, start_features, untapped
 from .base import EAGER_DYNAMIC, MAX_STEP_TOKENS, DecodePath, model_name
 from .compiling import PAD_TOKEN, allow_a_graph_per_shape, compile_failed
-from .eager import CachedModel, GrowingLayer, cache_kwargs
+from .eager import CachedModel, GrowingLayer, cache_kwargs, compiled_tree_nodes
 from .step_cache import StepCache
 from .tree import TREE_KWARG, check_parents, padded_tree, path_tensors, row_depths
 
@@ -154,9 +154,12 @@ class CompiledSteps(DecodePath):
         self._graphs: dict = {}  # step size -> its compiled function, filled by warm_up
         # Tree steps (node counts; none by default): compiled after the chain steps, so trees
         # never delay them; a runner verifies trees of up to the largest one ready when it begins.
-        self.tree_sizes = tuple(sorted(set(int(n) for n in tree_sizes)))
-        if self.tree_sizes and not 1 <= self.tree_sizes[0] <= self.tree_sizes[-1] < MAX_STEP_TOKENS:
-            raise ValueError(f"tree_sizes must be node counts from 1 to {MAX_STEP_TOKENS - 1}, got {self.tree_sizes}")
+        # Only on an attention that reads a compiled step's tree (row-exact attention), within
+        # the nodes it takes: another would apply the step's causal mask to every row.
+        sizes = sorted(set(int(n) for n in tree_sizes))
+        if sizes and sizes[0] < 1:
+            raise ValueError(f"tree_sizes must be node counts of 1 or more, got {tuple(sizes)}")
+        self.tree_sizes = tuple(n for n in sizes if n <= compiled_tree_nodes(self.stepped))
         self._tree_graphs: dict = {}  # node count -> its compiled tree step, in increasing order
         self.trees_warmup_s = 0.0
         self.loaded = 0  # how many of them came from the cache folder

@@ -122,7 +122,7 @@ def use_row_exact_attention(model) -> str | None:
     if problem:
         return problem
     AttentionInterface.register(NAME, row_exact_attention)
-    allow_trees(NAME, MAX_ROWS - 1)  # a tree's rows too: each attends to the prefix and its ancestors
+    allow_trees(NAME, MAX_ROWS - 1, compiled=True)  # a tree's rows too: each attends to the prefix and its ancestors
     AttentionMaskInterface.register(NAME, sdpa_mask)  # for prompts: the stock sdpa masks
     model.set_attn_implementation(NAME)
     return None
