@@ -101,12 +101,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--tokens", type=int, default=96, help="new tokens of the replies (0: skip them)")
     parser.add_argument("--cache", default="/tmp/specdec-tree-steps", help="folder of the compiled steps")
+    parser.add_argument("--step-sizes", default=",".join(map(str, CPU_STEP_SIZES)),
+                        help="chain step sizes to compile (1,8 gives chains of 5, 9 and 17 tokens the app's "
+                             "steps and compiles two graphs fewer)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     models = load_preset("smollm2-135m-local", compile=False)
     head = EagleDrafter.from_pretrained(HEAD)
     started = time.perf_counter()
-    steps = CompiledSteps(models.target, step_sizes=CPU_STEP_SIZES, tree_sizes=CPU_TREE_SIZES,
+    steps = CompiledSteps(models.target, step_sizes=[int(n) for n in args.step_sizes.split(",")], tree_sizes=CPU_TREE_SIZES,
                           feature_layers=head.feature_layers, progress=False, cache_dir=args.cache)
     assert steps.compiled, steps.fallback_reason
     print(f"{len(steps.step_sizes)} chain and {len(steps.tree_sizes)} tree step shapes ready in "

@@ -18,6 +18,14 @@ shapes: the context length is a symbol, and one graph per step size serves every
   inductor specialises a dimension of size 0 or 1, so a compiled graph needs some context.
 - More than MAX_STEP_TOKENS tokens (a prompt) are read eagerly on the same cache, as every method reads
   them.
+- Tree drafts (decoding/tree.py) run on tree steps, one graph per node count (`tree_sizes`; the
+  loader's CPU_TREE_SIZES): a tree of n nodes runs padded to the smallest that holds it (extra
+  leaves under the last token, after the real rows). The graph takes the rows' positions and each
+  row's path (its ancestors' rows and its own, tree.path_tensors) as inputs, so one graph serves
+  every shape of its size; row-exact attention attends each row to the cached keys and its path's,
+  so every row is bitwise its path's compiled 1-token step. They compile after the chain steps
+  (never delaying them), each path size a symbol of its own (no duck shaping), and only on an
+  attention that reads them (eager.compiled_tree_nodes). keep_rows compacts the growing cache.
 - The steps run an untapped twin of the model (features.py), so compiling them (on this thread
   or another) never writes into a tap that engines read. Built with `feature_layers` (an EAGLE
   head's), the step returns those layers' inputs as outputs of its graph beside the logits
