@@ -61,9 +61,10 @@ def step_costs(steps: CompiledSteps, target, context: int, repeats: int, rng: ra
     for runner in (compiled, eager):
         runner.forward(prompt, last_only=True)
     kinds = {"1 token": lambda r: r.forward(prompt[-1:])}
-    for nodes in CPU_TREE_SIZES:
+    for nodes in steps.tree_sizes:
         tokens = prompt[-1:] * (nodes + 1)
-        kinds[f"chain {nodes + 1}"] = lambda r, t=tokens: r.forward(t)
+        if steps.step_sizes[-1] > 1:  # (chains of one-token steps would say nothing)
+            kinds[f"chain {nodes + 1}"] = lambda r, t=tokens: r.forward(t)
         kinds[f"tree {nodes}"] = lambda r, n=nodes: r.forward_tree(prompt[-1:] * (n + 1), random_tree(n, rng))
         kinds[f"eager tree {nodes}"] = lambda r, n=nodes: r.forward_tree(prompt[-1:] * (n + 1), random_tree(n, rng))
     times = {kind: [] for kind in kinds}
@@ -104,6 +105,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--tokens", type=int, default=96, help="new tokens of the replies (0: skip them)")
     parser.add_argument("--cache", default="/tmp/specdec-tree-steps", help="folder of the compiled steps")
+    parser.add_argument("--tree-sizes", default=",".join(map(str, CPU_TREE_SIZES)), help="tree steps to compile (nodes)")
     parser.add_argument("--nice", type=int, default=19, help="niceness to time the steps and replies at")
     parser.add_argument("--step-sizes", default=",".join(map(str, CPU_STEP_SIZES)),
                         help="chain step sizes to compile (1,8 gives chains of 5, 9 and 17 tokens the app's "
@@ -113,7 +115,7 @@ def main() -> None:
     models = load_preset("smollm2-135m-local", compile=False)
     head = EagleDrafter.from_pretrained(HEAD)
     started = time.perf_counter()
-    steps = CompiledSteps(models.target, step_sizes=[int(n) for n in args.step_sizes.split(",")], tree_sizes=CPU_TREE_SIZES,
+    steps = CompiledSteps(models.target, step_sizes=[int(n) for n in args.step_sizes.split(",")], tree_sizes=[int(n) for n in args.tree_sizes.split(",")],
                           feature_layers=head.feature_layers, progress=False, cache_dir=args.cache)
     assert steps.compiled, steps.fallback_reason
     print(f"{len(steps.step_sizes)} chain and {len(steps.tree_sizes)} tree step shapes ready in "
