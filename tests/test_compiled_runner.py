@@ -406,3 +406,21 @@ def test_a_closed_compile_never_stops_where_a_lock_is_being_released():
     with pytest.raises(compiled_module._Closed):
         steps._give_way(frame_of(CompiledSteps.warm_up), "call", None)
     steps.wait(30)
+
+
+def test_a_compiled_reply_step_makes_a_background_compile_give_way_and_the_warm_up_does_not(compiled):
+    """The tree steps compile after the chain steps are ready: replies then run compiled steps,
+    and those too must make the compile wait (its tracing holds the GIL). The compile's own
+    warm-up runner must not make it wait for itself."""
+    _, steps = compiled
+    steps._last_decoded = 0.0
+    runner = steps()
+    runner.begin()
+    runner.forward(_tokens(80, 20), last_only=True)
+    runner.forward(_tokens(81, 3))
+    assert runner._compiled and time.monotonic() - steps._last_decoded < 1.0
+    steps._last_decoded = 0.0
+    warm_up = CompiledRunner(steps, warming_up=True)
+    warm_up.forward(_tokens(82, 20), last_only=True)
+    warm_up.forward(_tokens(83, 3))
+    assert steps._last_decoded == 0.0

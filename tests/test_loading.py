@@ -172,7 +172,8 @@ def test_auto_compiles_a_4bit_cpu_targets_steps_in_the_background(monkeypatch):
     steps = _cpu_runners(lean, None, "auto", notes, (1, 0), background_allowed=True)
     assert isinstance(steps, CompiledSteps) and steps.stepped is not lean  # its untapped twin
     assert steps.feature_layers == (0, 1) and steps.reads_features((1, 0))
-    assert notes == ["target: compiling 4 step shapes in the background, decoding eagerly until then"]
+    assert notes == ["target: compiling 4 step shapes in the background (3 tree step shapes after them), "
+                     "decoding eagerly until then"]
     assert steps.wait(60) and steps.decode_path == COMPILED_DYNAMIC
     assert _cpu_runners(lean, None, "auto", [], (), background_allowed=False) is None
     assert _cpu_runners(stock, None, "auto", [], (), background_allowed=True) is None

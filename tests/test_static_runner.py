@@ -420,3 +420,49 @@ def test_cost_model_times_an_eagle_head_of_the_targets_shape(tmp_path):
     table = cost_model_report.markdown_table(result)
     assert "| c of the EAGLE-3 head |" in table and "EAGLE-3: predicted speedup at acceptance 0.8" in table
     assert "llama-3.1-8b" in architectures.ARCHITECTURES and "llama-3.2-1b" in architectures.ARCHITECTURES
+
+
+# ---------------------------------------------------------------- trees on the static cache
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "traced"])
+def test_static_steps_verify_trees_and_greedy_tree_rounds_equal_hf_generate(compile, smol_tokenizer):
+    """StaticSteps(trees=True): a tree's step runs on the static cache (positions by depth, its 4D
+    mask over every slot; traced as one graph with backend "eager" where compiled, as CUDA graphs
+    would take it), each row scoring what the eager tree step scores; keep_rows moves the accepted
+    path into place; and greedy tree rounds of every shape reply as Hugging Face's generate does."""
+    from tests.test_tree import SHAPES, OracleTreeDrafter, decoys_for
+
+    target = tiny_llama(seed=0)
+    steps = StaticSteps(target, max_length=96, step_sizes=(1, 4, 9), compile=compile, progress=False, backend="eager",
+                        trees=True)
+    assert steps.max_tree_nodes == 8 and steps()._steps is steps
+    prompt = random_prompt(3)
+    parents = [-1, -1, 0, 0, 1, 3, -1]  # 7 nodes: run in the step of 9 tokens, padded
+    tokens = torch.randint(3, 1000, (len(parents),), generator=torch.Generator().manual_seed(4)).tolist()
+    runner, eager = steps(), CachedModel(target)
+    for reader in (runner, eager):
+        reader.forward(prompt[:-1], last_only=True)
+    rows = runner.forward_tree([prompt[-1], *tokens], parents)
+    torch.testing.assert_close(rows, eager.forward_tree([prompt[-1], *tokens], parents), atol=1e-4, rtol=1e-4)
+    for reader in (runner, eager):
+        reader.keep_rows(len(prompt) - 1, [0, 1, 4, 6])  # the path of nodes 0 -> 3 -> 5: rows that move
+    torch.testing.assert_close(runner.forward([11, 12]), eager.forward([11, 12]), atol=1e-4, rtol=1e-4)
+    assert steps.tree_fallback_reason is None and (steps.compiled == compile)
+
+    for shape in ("chain", "wide", "random"):
+        ids = smol_tokenizer("The quick brown fox jumps over the lazy dog. The quick brown")["input_ids"]
+        expected = target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                   max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+        drafter = OracleTreeDrafter(ids + expected, SHAPES[shape], 6, decoys_for(expected), seed=1)
+        engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter, draft_length=3, adaptive=False,
+                                   make_runner=steps)
+        result = engine.generate(ids, SamplingParams(max_new_tokens=16))
+        assert result.token_ids == expected, shape
+        assert engine.stats.tree_rounds > 0 and [len(p) for p in drafter.kept] == drafter.planted[: len(drafter.kept)]
+
+
+def test_static_steps_verify_chains_only_unless_asked():
+    target = tiny_llama(seed=0)
+    assert StaticSteps(target, max_length=64, compile=False)().max_tree_nodes == 0
+    assert StaticSteps(target, max_length=64, compile=False, trees=True)().max_tree_nodes == 8  # 9-token steps

@@ -47,8 +47,8 @@ print(json.dumps({"loaded": steps.loaded, "traced": counters["stats"]["calls_cap
 """
 
 
-def _decode_in_a_new_process(folder: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", _DECODE, str(folder)], cwd=ROOT, capture_output=True,
+def _decode_in_a_new_process(folder: Path, script: str = _DECODE) -> dict:
+    done = subprocess.run([sys.executable, "-c", script, str(folder)], cwd=ROOT, capture_output=True,
                           text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -64,6 +64,46 @@ def test_a_second_process_loads_the_compiled_steps_and_decodes_the_same_tokens(t
     assert "(loaded from the compile cache)" in second["path"] and "loaded" not in first["path"]
     assert second["replies"] == first["replies"]
     assert first["replies"]["lookup"] == first["replies"]["plain"]  # speculation stays plain decoding
+
+
+# The same with tree steps: a 1-token step and a tree step of 4 nodes, then a plain reply and one
+# of oracle trees (tests/test_tree.py) on them.
+_DECODE_TREES = """
+import json, sys
+import torch
+from torch._dynamo.utils import counters
+from specdec_core import SamplingParams, SpeculativeEngine
+from specdec_core.decoding.compiled import CompiledSteps
+from specdec_core.kernels.row_attention import use_row_exact_attention
+from tests.test_row_attention import VOCAB, _int4_tiny_llama
+from tests.test_tree import OracleTreeDrafter, random_shape
+from tests.tiny_models import load_smollm2_tokenizer
+
+model = _int4_tiny_llama(seed=31)
+assert use_row_exact_attention(model) is None
+steps = CompiledSteps(model, step_sizes=(1,), tree_sizes=(4,), progress=False, cache_dir=sys.argv[1])
+assert steps.compiled, steps.fallback_reason
+tokenizer = load_smollm2_tokenizer()
+prompt = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(6)).tolist()
+params = SamplingParams(max_new_tokens=24)
+plain = SpeculativeEngine(model, tokenizer, make_runner=steps).generate(prompt, params).token_ids
+drafter = OracleTreeDrafter(prompt + plain, random_shape, 4, [t for t in range(VOCAB) if t not in plain], 0)
+tree = SpeculativeEngine(model, tokenizer, drafter=drafter, draft_length=3, adaptive=False, make_runner=steps)
+result = tree.generate(prompt, params)
+print(json.dumps({"loaded": steps.loaded, "traced": counters["stats"]["calls_captured"], "compiled": steps.compiled,
+                  "tree_nodes": steps.tree_nodes_ready, "tree_rounds": result.stats.tree_rounds,
+                  "replies": {"plain": plain, "tree": result.token_ids}}))
+"""
+
+
+def test_a_second_process_loads_the_tree_steps_and_decodes_the_same_tokens(tmp_path):
+    first = _decode_in_a_new_process(tmp_path, _DECODE_TREES)
+    assert first["loaded"] == 0 and first["traced"] > 0 and first["tree_nodes"] == 4
+    assert len(list(tmp_path.glob("step-*.bin"))) == 1 and len(list(tmp_path.glob("tree-*-4.bin"))) == 1
+    second = _decode_in_a_new_process(tmp_path, _DECODE_TREES)
+    assert second["loaded"] == 2 and second["traced"] == 0 and second["compiled"] and second["tree_nodes"] == 4
+    assert second["replies"] == first["replies"] and second["tree_rounds"] > 0
+    assert first["replies"]["tree"] == first["replies"]["plain"]  # tree rounds stay plain decoding
 
 
 def test_the_key_follows_the_models_structure_and_the_steps_outputs(tmp_path):

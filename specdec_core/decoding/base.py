@@ -29,7 +29,7 @@ class Runner(Protocol):
     """One generation's KV cache and the steps that fill it (batch size 1). Position is the
     state: the cache holds the first `length` tokens and nothing else reaches into it.
 
-    A runner that verifies tree drafts (eager.CachedModel) also has `max_tree_nodes` > 0,
+    A runner that verifies tree drafts (eager.CachedModel, compiled.CompiledRunner) also has `max_tree_nodes` > 0,
     forward_tree(token_ids, parents) and keep_rows(start, rows); the engine reads
     max_tree_nodes as 0 where it is missing (chains only)."""
 

@@ -18,6 +18,14 @@ shapes: the context length is a symbol, and one graph per step size serves every
   inductor specialises a dimension of size 0 or 1, so a compiled graph needs some context.
 - More than MAX_STEP_TOKENS tokens (a prompt) are read eagerly on the same cache, as every method reads
   them.
+- Tree drafts (decoding/tree.py) run on tree steps, one graph per node count (`tree_sizes`; the
+  loader's CPU_TREE_SIZES): a tree of n nodes runs padded to the smallest that holds it (extra
+  leaves under the last token, after the real rows). The graph takes the rows' positions and each
+  row's path (its ancestors' rows and its own, tree.path_tensors) as inputs, so one graph serves
+  every shape of its size; row-exact attention attends each row to the cached keys and its path's,
+  so every row is bitwise its path's compiled 1-token step. They compile after the chain steps
+  (never delaying them), each path size a symbol of its own (no duck shaping), and only on an
+  attention that reads them (eager.compiled_tree_nodes). keep_rows compacts the growing cache.
 - The steps run an untapped twin of the model (features.py), so compiling them (on this thread
   or another) never writes into a tap that engines read. Built with `feature_layers` (an EAGLE
   head's), the step returns those layers' inputs as outputs of its graph beside the logits
@@ -62,8 +70,9 @@ from .features import StepFeatures, settle_features, start_features, untapped
 from .base import EAGER_DYNAMIC, MAX_STEP_TOKENS, DecodePath, model_name
 from .compiler_pause import CompilerPause
 from .compiling import PAD_TOKEN, allow_a_graph_per_shape, compile_failed
-from .eager import CachedModel, GrowingLayer, cache_kwargs
+from .eager import CachedModel, GrowingLayer, cache_kwargs, compiled_tree_nodes
 from .step_cache import StepCache
+from .tree import TREE_KWARG, check_parents, padded_tree, path_tensors, row_depths
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +82,9 @@ COMPILING = "eager dynamic cache, compiling its steps in the background"
 # than the pauses between the rounds of one reply.
 _QUIET_S = 0.3
 CPU_STEP_SIZES = (1, 2, 4, 8)  # torch's int4 kernel works in blocks of 4 rows: 3 runs as 4
+# The node counts of the tree steps the loader compiles: the tree-size policy's budgets
+# (policy/tree_size.py LADDER) up to what row-exact attention verifies in one step (16 nodes).
+CPU_TREE_SIZES = (4, 8, 16)
 MIN_CONTEXT = 2  # cached tokens a compiled step needs (sizes 0 and 1 would be specialised)
 # Tokens cached while compiling. Any length >= MIN_CONTEXT then serves every length, as long as
 # no two sizes of the traced step are equal: dynamo gives equal sizes one symbol and would compile
@@ -121,12 +133,21 @@ def _step(stepper: _Stepper, input_ids: torch.Tensor, cache) -> tuple[torch.Tens
     return logits, stepper.features.take()
 
 
+def _tree_step(stepper: _Stepper, input_ids: torch.Tensor, position_ids: torch.Tensor, paths: tuple, cache):
+    """The compiled function of a tree's verify step (decoding/tree.py): _step's outputs for
+    input_ids = [last, d1..dn] at their depths' positions, each row attending to the cached
+    tokens and its path (`paths`, tree.path_tensors; row-exact attention reads them)."""
+    logits = stepper.model(input_ids=input_ids, position_ids=position_ids, **{stepper.cache_keyword: cache},
+                           use_cache=True, **{TREE_KWARG: paths}).logits
+    return logits, stepper.features.take()
+
+
 class CompiledSteps(DecodePath):
     """One model's compiled steps (a graph per bucket); calling it gives a runner per generation."""
 
     def __init__(self, model, *, step_sizes=CPU_STEP_SIZES, feature_layers: tuple[int, ...] = (),
                  warmup: bool = True, progress: bool = True, name: str | None = None,
-                 background: bool = False, cache_dir=None) -> None:
+                 background: bool = False, cache_dir=None, tree_sizes: tuple[int, ...] = ()) -> None:
         self.model = model.eval()
         self.name = name or model_name(model)
         # What the compiled steps run: the model's untapped twin, so no compile (on whatever thread)
@@ -141,6 +162,16 @@ class CompiledSteps(DecodePath):
         self.fallback_reason: str | None = None
         self.warmup_s = 0.0
         self._graphs: dict = {}  # step size -> its compiled function, filled by warm_up
+        # Tree steps (node counts; none by default): compiled after the chain steps, so trees
+        # never delay them; a runner verifies trees of up to the largest one ready when it begins.
+        # Only on an attention that reads a compiled step's tree (row-exact attention), within
+        # the nodes it takes: another would apply the step's causal mask to every row.
+        sizes = sorted(set(int(n) for n in tree_sizes))
+        if sizes and sizes[0] < 1:
+            raise ValueError(f"tree_sizes must be node counts of 1 or more, got {tuple(sizes)}")
+        self.tree_sizes = tuple(n for n in sizes if n <= compiled_tree_nodes(self.stepped))
+        self._tree_graphs: dict = {}  # node count -> its compiled tree step, in increasing order
+        self.trees_warmup_s = 0.0
         self.loaded = 0  # how many of them came from the cache folder
         # Set once runners may take the compiled steps: at once, or when the background compile is done.
         self.ready = threading.Event()
@@ -152,8 +183,10 @@ class CompiledSteps(DecodePath):
         allow_a_graph_per_shape()
         self._cache = StepCache(cache_dir, model, self.feature_layers, _INDUCTOR_OPTIONS) if cache_dir else None
         try:
-            self._compiler = torch.compile(_step, dynamic=True, fullgraph=True,
-                                           options={**_INDUCTOR_OPTIONS, "guard_filter_fn": _no_guards})
+            self._compiler, self._tree_compiler = (
+                torch.compile(step, dynamic=True, fullgraph=True,
+                              options={**_INDUCTOR_OPTIONS, "guard_filter_fn": _no_guards})  # (torch.compile takes the filter out)
+                for step in (_step, _tree_step))
         except Exception as error:  # torch.compile unavailable here
             self._fall_back(error)
         if background:
@@ -212,14 +245,15 @@ class CompiledSteps(DecodePath):
             _lower_this_threads_priority()
             allow_a_graph_per_shape()  # dynamo's config is per thread (torch >= 2.12)
             sys.settrace(self._give_way)  # this thread's Python calls only
-            self.warm_up(progress=False)
+            self.warm_up(progress=False, trees=False)
+            if self.compiled and not self._closed:
+                self.ready.set()  # the chain steps: runners take them now, trees follow
+                self.warm_up_trees()
         except Exception as error:
             self._fall_back(error)
         finally:
             sys.settrace(None)
             pause.stop()
-        if self.compiled and not self._closed:
-            self.ready.set()
 
     def _give_way(self, frame, event, arg) -> None:
         """The compiling thread's trace function, called at each Python call it makes: it waits
@@ -237,9 +271,15 @@ class CompiledSteps(DecodePath):
         """How many step sizes are compiled (or loaded) so far."""
         return len(self._graphs)
 
-    def warm_up(self, progress: bool = True) -> None:
+    @property
+    def tree_nodes_ready(self) -> int:
+        """The most nodes a compiled tree step verifies now (0: none ready). Trees compile in
+        increasing size, so every smaller size is ready too."""
+        return max(self._tree_graphs, default=0)
+
+    def warm_up(self, progress: bool = True, trees: bool = True) -> None:
         """Compile (or load) every bucket now, with a progress bar, and run each once on a
-        throwaway cache."""
+        throwaway cache; then the tree steps (unless `trees` is False)."""
         from tqdm.auto import tqdm
 
         if not self.compiled:
@@ -258,30 +298,62 @@ class CompiledSteps(DecodePath):
         self.warmup_s = time.perf_counter() - started
         how = f"loaded {self.loaded} from {self._cache.folder}" if self.loaded else "compiled"
         logger.info("%d step shapes of %s in %.1f s (%s)", len(self.step_sizes), self.name, self.warmup_s, how)
+        if trees:
+            self.warm_up_trees()
 
-    def _load_or_compile(self, size: int, runner: CompiledRunner):
-        """The compiled function of steps of `size` tokens, at its first call: from the cache
-        folder, or compiled on `runner`'s cache (room reserved) and saved there."""
-        aot_compile = getattr(self._compiler, "aot_compile", None)
+    def warm_up_trees(self) -> None:
+        """Compile (or load) the tree step of every size in tree_sizes, smallest first, each run
+        once on a throwaway cache (a chain written as a tree: any shape traces the same graph)."""
+        if not self.compiled or not self.tree_sizes:
+            return
+        started = time.perf_counter()
+        runner = CompiledRunner(self, warming_up=True)
+        with torch.inference_mode():
+            runner.forward([PAD_TOKEN] * _WARMUP_CONTEXT)
+            for nodes in self.tree_sizes:
+                if not self.compiled or self._closed:
+                    return
+                if self.run_tree(runner, [PAD_TOKEN] * (nodes + 1), list(range(-1, nodes - 1)), compile=True) is None:
+                    return
+                runner.crop(_WARMUP_CONTEXT)
+        self.trees_warmup_s = time.perf_counter() - started
+        logger.info("%d tree step shapes of %s in %.1f s", len(self.tree_sizes), self.name, self.trees_warmup_s)
+
+    def _load_or_compile(self, size: int, runner: CompiledRunner, tree_inputs: tuple | None = None):
+        """The compiled function of steps of `size` tokens (a tree step's of `size` nodes, traced
+        on `tree_inputs`), at its first call: from the cache folder, or compiled on `runner`'s
+        cache (room reserved) and saved there."""
+        compiler = self._compiler if tree_inputs is None else self._tree_compiler
+        aot_compile = getattr(compiler, "aot_compile", None)
         if aot_compile is None:  # torch.compile replaced by a plain wrapper (the tests' stand-in)
-            return self._compiler
+            return compiler
+        if tree_inputs is None:
+            inputs = (torch.full((1, size), PAD_TOKEN),)
+        else:
+            inputs = tree_inputs
         if self._cache is None:
-            return _unguarded(self._compile(aot_compile, size, runner))
+            return _unguarded(self._compile(aot_compile, inputs, runner, tree=tree_inputs is not None))
+        kind = "step" if tree_inputs is None else "tree"
         with self._cache.inductor_folder():
-            step = self._cache.load(size)
+            step = self._cache.load(size, kind)
             if step is not None:
                 self.loaded += 1
                 return _unguarded(step)
-            step = self._compile(aot_compile, size, runner)
-            self._cache.save(size, step)
+            step = self._compile(aot_compile, inputs, runner, tree=tree_inputs is not None)
+            self._cache.save(size, step, kind)
             return _unguarded(step)
 
-    def _compile(self, aot_compile, size: int, runner: CompiledRunner):
-        """The step of `size` tokens compiled ahead of its call (aot_compile), on runner's cache."""
+    def _compile(self, aot_compile, inputs: tuple, runner: CompiledRunner, tree: bool = False):
+        """The step on `inputs` (before the cache) compiled ahead of its call (aot_compile), on
+        runner's cache."""
         # A float the step reads (an epsilon, a scale) would otherwise be traced as a symbol, and
         # the trace then restarted with it a constant: every step traced twice.
-        with torch._dynamo.config.patch(specialize_float=True):
-            return aot_compile(((self._stepper, torch.full((1, size), PAD_TOKEN), runner.cache), {}))
+        # A tree step's path sizes must each stay a symbol of its own: duck shaping would give
+        # sizes equal while tracing (two paths, a path and the key-value heads) one symbol, and the
+        # graph, called with no guards, would then compute other trees wrong.
+        with torch._dynamo.config.patch(specialize_float=True), \
+                torch.fx.experimental._config.patch(use_duck_shape=not tree):
+            return aot_compile(((self._stepper, *inputs, runner.cache), {}))
 
     def bucket(self, tokens: int) -> int:
         """The step size that runs `tokens` tokens (the largest one for more)."""
@@ -298,6 +370,31 @@ class CompiledSteps(DecodePath):
         try:
             graph = self._graphs.get(size) or self._graphs.setdefault(size, self._load_or_compile(size, runner))
             logits, features = graph(self._stepper, padded, runner.cache)
+        except Exception as error:
+            self._fall_back(error)
+            return None
+        return logits[0, : len(token_ids)], self._features.by_layer(features)
+
+    def run_tree(self, runner: CompiledRunner, token_ids: list[int], parents: list[int],
+                 compile: bool = False) -> tuple[torch.Tensor, dict] | None:
+        """One compiled tree step ([last, d1..dn] with their parents, tree.py) on the tree step of
+        the smallest node count that holds it, padded (padded_tree): logits [n + 1, V] and the
+        features as run() gives them; None if compiling failed. Compiles a size not ready only
+        when told to (the warm-up): a runner only uses sizes ready when it began."""
+        if not self.compiled:
+            return None
+        nodes = next(size for size in self.tree_sizes if size >= len(parents))
+        padded = padded_tree(parents, nodes)
+        length = runner.length
+        runner.reserve(nodes + 1)
+        input_ids = torch.tensor([token_ids + [PAD_TOKEN] * (nodes + 1 - len(token_ids))])
+        positions = torch.tensor([[length + depth for depth in row_depths(padded)]])
+        paths = path_tensors(padded)
+        try:
+            graph = self._tree_graphs.get(nodes)
+            if graph is None and compile:
+                graph = self._tree_graphs[nodes] = self._load_or_compile(nodes, runner, (input_ids, positions, paths))
+            logits, features = graph(self._stepper, input_ids, positions, paths, runner.cache)
         except Exception as error:
             self._fall_back(error)
             return None
@@ -361,27 +458,62 @@ class CompiledRunner(CachedModel):
     """CachedModel whose steps of up to MAX_STEP_TOKENS tokens run on CompiledSteps' graphs, from the
     first generation that begins (begin()) once they are ready."""
 
-    max_tree_nodes = 0  # its steps are compiled for chains: no tree drafts (yet)
-
     def __init__(self, steps: CompiledSteps, warming_up: bool = False) -> None:
         # Eager steps run the model, whose hooks fill the taps engines read; the warm-up (on a
         # compiling thread, perhaps) runs the twin, which writes none of them.
         super().__init__(steps.stepped if warming_up else steps.model)
         self._steps = steps
         self._compiled = warming_up or steps.ready.is_set()  # the warm-up: compiled at once
+        self._warming_up = warming_up  # the compile's own runner: it must not make the compile give way
+        self._tree_nodes = steps.tree_nodes_ready
 
     def begin(self) -> None:
-        """A new generation takes the compiled steps if they are ready now: a background compile
-        never switches the path in the middle of a reply (compiled and eager steps may round a
-        tie apart)."""
+        """A new generation takes the compiled steps if they are ready now, and the compiled tree
+        steps ready now: a background compile never switches the path in the middle of a reply
+        (compiled and eager steps may round a tie apart)."""
         self._compiled = self._steps.ready.is_set()
-        if not self._compiled:
+        self._tree_nodes = self._steps.tree_nodes_ready
+        self._decoding()
+
+    def _decoding(self) -> None:
+        """Every step of a reply says so, compiled ones too: the tree steps compile after the
+        chain steps are ready, and that compile gives way to replies on them as well."""
+        if not self._warming_up:
             self._steps.decoding()
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """The most draft nodes a tree verify step takes: on compiled steps, the largest compiled
+        tree step's ready when the generation began (0: chains only, as a plain compiled reply
+        would round an eager tree step's rows apart); on eager steps, the eager path's."""
+        return self._tree_nodes if self._compiled else super().max_tree_nodes
+
+    @torch.inference_mode()
+    def forward_tree(self, token_ids: list[int], parents: list[int]) -> torch.Tensor:
+        """CachedModel.forward_tree on the compiled tree steps, each row bitwise its path's
+        compiled 1-token step. Eager where plain decoding is too: eager generations, and a
+        context shorter than MIN_CONTEXT (only a prompt of one or two tokens has one)."""
+        self._decoding()
+        if not self._compiled or self.length < MIN_CONTEXT:
+            return super().forward_tree(token_ids, parents)
+        check_parents(parents)
+        if len(parents) != len(token_ids) - 1 or len(parents) > self.max_tree_nodes:
+            raise ValueError(f"a tree of {len(parents)} nodes (with {len(token_ids)} tokens) can't be verified "
+                             f"here: at most {self.max_tree_nodes} nodes, one parent per draft token")
+        length = self.length
+        start_features(self.model)
+        compiled = self._steps.run_tree(self, token_ids, parents)
+        if compiled is None:  # compiling failed: this step and later ones run eagerly
+            self._compiled = False
+            return super().forward_tree(token_ids, parents)
+        logits, features = compiled
+        self._hold(length + len(token_ids))  # the tree's keys and values, not the padding's
+        settle_features(self.model, len(token_ids), features)
+        return logits.float()
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
-        if not self._compiled:  # (an eager generation is one a background compile may be running beside)
-            self._steps.decoding()
+        self._decoding()
         if not token_ids or len(token_ids) > MAX_STEP_TOKENS:  # a prompt: read eagerly, as every method reads it
             return super().forward(token_ids, last_only)
         start_features(self.model)  # the pieces settle their rows into the taps: one forward's worth

@@ -22,12 +22,26 @@ from .tree import TREE_KWARG, check_parents, row_depths, tree_attention_mask
 # apply a custom 4D mask as given (transformers 5 hands a 4D mask to them unchanged); others add
 # themselves (allow_trees). Flash-attention kernels, for one, take no mask and can't.
 TREE_ATTENTION = {"sdpa": MAX_TREE_NODES, "eager": MAX_TREE_NODES}
+# Those that verify a tree by the 4D mask alone, whatever the cache: a static cache's step (static.py)
+# hands them one over all its slots (row-exact attention computes rows of a growing cache).
+MASKED_TREE_ATTENTION = ("sdpa", "eager")
+# Those that verify a tree in a compiled step too (compiled.py), and the most nodes: there the tree
+# comes as each row's path, tensors under TREE_KWARG, and the mask is the causal one the step builds.
+COMPILED_TREE_ATTENTION: dict[str, int] = {}
 
 
-def allow_trees(attention: str, max_nodes: int) -> None:
+def allow_trees(attention: str, max_nodes: int, compiled: bool = False) -> None:
     """Let runners of models on the attention implementation `attention` verify trees of up to
-    `max_nodes` draft tokens (it reads the tree from the TREE_KWARG keyword or the 4D mask)."""
+    `max_nodes` draft tokens (it reads the tree from the TREE_KWARG keyword or the 4D mask);
+    `compiled`: in compiled steps too (it reads the paths of tree.path_tensors)."""
     TREE_ATTENTION[attention] = max_nodes
+    if compiled:
+        COMPILED_TREE_ATTENTION[attention] = max_nodes
+
+
+def compiled_tree_nodes(model) -> int:
+    """The most nodes a compiled tree step of `model` verifies (0: its attention can't)."""
+    return COMPILED_TREE_ATTENTION.get(getattr(model.config, "_attn_implementation", None), 0)
 
 
 @functools.cache

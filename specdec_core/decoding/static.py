@@ -50,7 +50,8 @@ from transformers.cache_utils import StaticLayer
 from .base import EAGER_DYNAMIC, DecodePath, context_limit, model_name
 from .features import StepFeatures, settle_features, start_features, untapped
 from .compiling import PAD_TOKEN, allow_a_graph_per_shape, compile_failed, step_buckets
-from .eager import CachedModel, cache_kwargs, cache_memory_bytes
+from .eager import MASKED_TREE_ATTENTION, CachedModel, cache_kwargs, cache_memory_bytes
+from .tree import check_parents, padded_tree, row_depths, tree_attention_mask
 
 logger = logging.getLogger(__name__)
 
@@ -84,13 +85,19 @@ class StaticSteps(DecodePath):
         name: str | None = None,
         backend: str = "inductor",
         feature_layers: tuple[int, ...] = (),
+        trees: bool = False,
     ) -> None:
         """max_length: tokens the cache holds (default: DEFAULT_MAX_LENGTH, at most the model's
         context). step_sizes: the fixed step shapes, in tokens. compile: False runs the
         same static-cache steps eagerly (for tests and comparisons). warmup: compile every
         step shape now, with a progress bar (progress=False hides it). backend: torch.compile's
         ("eager" traces the steps without generating code: the CPU self-check uses it).
-        feature_layers: target layers whose inputs the steps return too (an EAGLE head's)."""
+        feature_layers: target layers whose inputs the steps return too (an EAGLE head's).
+        trees: verify tree drafts too, on tree steps of the same sizes (a tree of n nodes runs in
+        the step of n + 1 tokens, padded), each its own fixed-shape graph taking the tree's
+        positions and its 4D mask over every slot; only on an attention that applies that mask
+        (sdpa, eager). Compiled at their first use, not at warm-up; a failure leaves the tree
+        steps eager on the same static cache, the chain steps compiled."""
         self.model = model.eval()
         # What the fixed-shape steps run: the model's untapped twin, whose own hooks hand the step
         # function the features it returns (engines' taps are filled from those, see _fixed_step).
@@ -111,6 +118,9 @@ class StaticSteps(DecodePath):
         self.backend = backend
         self.mode = "reduce-overhead" if self.cuda and backend == "inductor" else None  # CUDA graphs on CUDA
         self.warmup_s = 0.0
+        attention = getattr(model.config, "_attn_implementation", None)
+        self.max_tree_nodes = self.step_sizes[-1] - 1 if trees and attention in MASKED_TREE_ATTENTION else 0
+        self.tree_fallback_reason: str | None = None  # why compiling a tree step failed (then they run eagerly)
         self._slots: list[_Slot] = []
         self._spill_logged = False
         if self.compiled:
@@ -170,6 +180,35 @@ class StaticSteps(DecodePath):
             logits = self._fixed_step(slot, token_ids, start, bucket)
             return logits[-1:] if last_only else logits
         return self._eager(slot, token_ids, start, last_only)
+
+    def run_tree(self, slot: _Slot, token_ids: list[int], parents: list[int], start: int) -> torch.Tensor:
+        """Logits [n + 1, V] (float32) of a tree's verify step ([last, d1..dn], tree.py) at
+        positions from `start`: the smallest step size that holds it, padded with leaves under
+        the last token (tree.padded_tree), each row at its depth's position under the tree's
+        mask over every slot. Its n + 1 rows then fill the slots from `start`, in order."""
+        bucket = next(size for size in self.step_sizes if size > len(parents))
+        padded = padded_tree(parents, bucket - 1)
+        packed = torch.tensor([start, *token_ids, *[PAD_TOKEN] * (bucket - len(token_ids))], device=self.device)
+        positions = torch.tensor([start + depth for depth in row_depths(padded)], device=self.device)
+        mask = tree_attention_mask(padded, start, self.stepped.dtype, self.device)
+        lowest = torch.finfo(mask.dtype).min
+        mask = torch.nn.functional.pad(mask, (0, self.max_length - mask.shape[-1]), value=lowest)  # the slots after
+        out = None
+        if self.compiled and self.tree_fallback_reason is None:
+            try:
+                if slot.compiled_tree is None:
+                    slot.compiled_tree = torch.compile(slot.tree_step, backend=self.backend, mode=self.mode,
+                                                       fullgraph=True, dynamic=False)
+                if self.cuda:
+                    torch.compiler.cudagraph_mark_step_begin()
+                out = slot.compiled_tree(packed, positions, mask)
+            except Exception as error:  # the chain steps stay compiled: only trees run eagerly
+                self.tree_fallback_reason = compile_failed(logger, f"{self.name}'s tree steps", error)
+        logits, features = out if out is not None else slot.tree_step(packed, positions, mask)
+        n = len(token_ids)
+        given = {layer: hidden[:n].clone() for layer, hidden in self._features.by_layer(features).items()}
+        settle_features(self.model, n, given)
+        return logits[0, :n].to(torch.float32, copy=True)
 
     def first_spill(self) -> bool:
         """True the first time a sequence outgrows the cache (so that is logged once)."""
@@ -254,6 +293,7 @@ class _Slot:
         self.cache_arg = cache_kwargs(model, cache)  # looked up here, not inside the compiled step
         self.layers = list(cache.layers)
         self.compiled = None  # the torch.compile'd step, when compiling
+        self.compiled_tree = None  # the torch.compile'd tree step, from its first use
         self.owner: weakref.ref | None = None
 
     def set_position(self, start: torch.Tensor) -> None:
@@ -270,6 +310,14 @@ class _Slot:
         """
         self.set_position(packed[0])
         out = self.model(input_ids=packed[1:].unsqueeze(0), **self.cache_arg, use_cache=True)
+        return out.logits, self.features.take()
+
+    def tree_step(self, packed: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        """step() for a tree: its rows at `positions` under `mask` ([1, 1, rows, slots], additive),
+        which transformers hands to the attention unchanged. The compiled tree function."""
+        self.set_position(packed[0])
+        out = self.model(input_ids=packed[1:].unsqueeze(0), position_ids=positions.unsqueeze(0), attention_mask=mask,
+                         **self.cache_arg, use_cache=True)
         return out.logits, self.features.take()
 
 
@@ -292,6 +340,42 @@ class StaticCacheRunner:
 
     def begin(self) -> None:
         """A new generation starts (its steps were compiled at load: nothing to choose)."""
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """The most draft nodes forward_tree verifies (StaticSteps' `trees`; 0: chains only)."""
+        return self._steps.max_tree_nodes
+
+    @torch.no_grad()
+    def forward_tree(self, token_ids: list[int], parents: list[int]) -> torch.Tensor:
+        """CachedModel.forward_tree on the static cache (StaticSteps.run_tree): the tree's rows
+        fill the slots after the cached tokens; keep_rows keeps the accepted path's."""
+        check_parents(parents)
+        if len(parents) != len(token_ids) - 1 or len(parents) > self.max_tree_nodes:
+            raise ValueError(f"a tree of {len(parents)} nodes (with {len(token_ids)} tokens) can't be verified "
+                             f"here: at most {self.max_tree_nodes} nodes, one parent per draft token")
+        start_features(self._steps.model)
+        if self._dynamic is None and self._length + self._steps.step_sizes[-1] > self._steps.max_length:
+            self._spill()  # (a padded tree step writes up to the largest step's slots)
+        if self._dynamic is not None:
+            return self._dynamic.forward_tree(token_ids, parents)
+        logits = self._steps.run_tree(self._slot, token_ids, parents, self._length)
+        self._length += len(token_ids)
+        return logits
+
+    @torch.no_grad()
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """After forward_tree from `start` cached tokens: keep the first `start` and the step's
+        rows `rows` (offsets from `start`, in path order), moved to follow them."""
+        if self._dynamic is not None:
+            self._dynamic.keep_rows(start, rows)
+            return
+        index = torch.tensor([start + row for row in rows], device=self._steps.device)
+        for layer in self._slot.layers:
+            # index_select copies first, so moving a row onto another kept row's slot is safe
+            layer.keys[:, :, start : start + len(rows)] = layer.keys.index_select(2, index)
+            layer.values[:, :, start : start + len(rows)] = layer.values.index_select(2, index)
+        self._length = start + len(rows)
 
     @torch.no_grad()
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:

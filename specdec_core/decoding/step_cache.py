@@ -11,7 +11,8 @@ emptied by a reboot as /tmp is, loading would build them again (40 s for a tiny 
 
 A file is named by a key of everything the compiled code depends on: the model's structure (its
 config, each module's type and plain attributes, each tensor's name, shape and dtype: weights
-are inputs of the graph, not baked into it, so their values don't matter), the step size, the
+are inputs of the graph, not baked into it, so their values don't matter), the step size (a
+tree step's file is named apart, by its node count: it takes the tree's positions and paths), the
 layers whose features the step returns, the compile options, and the versions of torch,
 transformers, Python, the CPU's instruction set and our own code (the source of decoding/ and
 kernels/, what the steps trace). Anything else changed gives another key, so a stale file is
@@ -52,12 +53,14 @@ class StepCache:
             return contextlib.nullcontext()
         return temporary_cache_dir(str(self.folder / "inductor"))
 
-    def path(self, size: int) -> Path:
-        return self.folder / f"step-{self.key}-{size}.bin"
+    def path(self, size: int, kind: str = "step") -> Path:
+        """The file of the compiled step of `size` tokens (kind "step") or of a tree step of
+        `size` nodes (kind "tree": other inputs, another graph)."""
+        return self.folder / f"{kind}-{self.key}-{size}.bin"
 
-    def load(self, size: int):
-        """The saved compiled step of `size` tokens, or None (not saved yet, or unreadable)."""
-        path = self.path(size)
+    def load(self, size: int, kind: str = "step"):
+        """The saved compiled step of `size` (see path), or None (not saved yet, or unreadable)."""
+        path = self.path(size, kind)
         if not path.is_file():
             return None
         try:
@@ -68,15 +71,15 @@ class StepCache:
                         type(error).__name__)
             return None
 
-    def save(self, size: int, step) -> None:
+    def save(self, size: int, step, kind: str = "step") -> None:
         """Save a compiled step (written to a temporary file, then renamed: never half a file).
         A failure only costs the next start its compile: one log line."""
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            step.save_compiled_function(str(self.path(size)))
+            step.save_compiled_function(str(self.path(size, kind)))
             # torch writes it through a 0600 temporary file: give it the mode the umask gives
             # (mkdir applied it to the folder), so a shared $SPECDEC_CACHE stays readable to all.
-            self.path(size).chmod(stat.S_IMODE(self.folder.stat().st_mode) & 0o666)
+            self.path(size, kind).chmod(stat.S_IMODE(self.folder.stat().st_mode) & 0o666)
         except Exception as error:
             logger.warning("compiled step could not be saved in %s (%s: %s): the next start compiles it again",
                            self.folder, type(error).__name__, error)

@@ -73,3 +73,16 @@ def is_chain_prefix(rows: list[int]) -> bool:
     """Whether the rows kept are the step's first ones in order (a chain's accepted prefix):
     then rolling back is a crop, and nothing has to move."""
     return rows == list(range(len(rows)))
+
+
+def path_tensors(parents: list[int], device=None) -> tuple[torch.Tensor, ...]:
+    """Each draft row's path (its ancestors' rows and its own, in path order) as a tensor: how a
+    compiled tree step takes the tree (row_attention reads them under TREE_KWARG). Row 0's is
+    left out: it is always [0]."""
+    return tuple(torch.tensor(rows, device=device) for rows in attended_rows(parents)[1:])
+
+
+def padded_tree(parents: list[int], nodes: int) -> list[int]:
+    """`parents` grown to `nodes` nodes by leaves under the last token (-1), appended: rows that
+    no real row attends to, so a tree step compiled for `nodes` nodes verifies a smaller tree."""
+    return parents + [-1] * (nodes - len(parents))

@@ -55,19 +55,41 @@ def row_exact_attention(module, query, key, value, attention_mask, **kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     seen = key.shape[2] - rows + 1  # keys the first row attends to: the cached ones and itself
     tree = kwargs.get(TREE_KWARG)
-    gathered = _tree_key_indices(seen - 1, tree, key.device) if tree is not None else [None] * rows
+    if isinstance(tree, tuple):  # a compiled tree step's paths, one tensor per row after the first
+        row_keys, row_values = _path_keys_and_values(key, value, seen - 1, tree)
+    else:
+        gathered = _tree_key_indices(seen - 1, tree, key.device) if tree is not None else [None] * rows
+        row_keys, row_values = [], []
+        for i, index in enumerate(gathered):
+            if index is None:  # the cached keys and the rows before this one: a chain's row
+                row_keys.append(key[:, :, : seen + i])
+                row_values.append(value[:, :, : seen + i])
+            else:
+                row_keys.append(key.index_select(2, index))
+                row_values.append(value.index_select(2, index))
     # torch's sdpa called directly, as transformers calls it for an unmasked grouped-query row
     # (sdpa_attention_forward's checks around it cost about 17 us a call, 30 calls a row here)
     outputs = []
-    for i, index in enumerate(gathered):
-        if index is None:  # the cached keys and the rows before this one: a chain's row
-            row_key, row_value = key[:, :, : seen + i], value[:, :, : seen + i]
-        else:
-            row_key, row_value = key.index_select(2, index), value.index_select(2, index)
+    for i, (row_key, row_value) in enumerate(zip(row_keys, row_values)):
         outputs.append(torch.nn.functional.scaled_dot_product_attention(
             query[:, :, i : i + 1], row_key, row_value,
             dropout_p=kwargs.get("dropout", 0.0), scale=kwargs.get("scaling"), enable_gqa=query.shape[1] != key.shape[1]))
     return (outputs[0] if rows == 1 else torch.cat(outputs, dim=2)).transpose(1, 2).contiguous(), None
+
+
+def _path_keys_and_values(key, value, cached: int, paths: tuple[torch.Tensor, ...]):
+    """Each row's keys and values in a compiled tree step: the cached ones, then those of its
+    path's rows (`paths[i - 1]`: row i's ancestors and itself in path order, tree.path_tensors);
+    row 0, the context's last token, reads as a chain's first row. The paths are inputs of the
+    compiled graph whose sizes are symbols, so one graph serves every tree shape of its node
+    count (compiled.py). Concatenated, not gathered with the cached positions' indices as the
+    eager step does: the same values, one copy instead of an index read per key."""
+    row_keys, row_values = [key[:, :, : cached + 1]], [value[:, :, : cached + 1]]
+    new_keys, new_values = key[:, :, cached:], value[:, :, cached:]
+    for path in paths:
+        row_keys.append(torch.cat([key[:, :, :cached], new_keys.index_select(2, path)], dim=2))
+        row_values.append(torch.cat([value[:, :, :cached], new_values.index_select(2, path)], dim=2))
+    return row_keys, row_values
 
 
 def _tree_key_indices(cached: int, parents: list[int], device) -> list[torch.Tensor | None]:
@@ -100,7 +122,7 @@ def use_row_exact_attention(model) -> str | None:
     if problem:
         return problem
     AttentionInterface.register(NAME, row_exact_attention)
-    allow_trees(NAME, MAX_ROWS - 1)  # a tree's rows too: each attends to the prefix and its ancestors
+    allow_trees(NAME, MAX_ROWS - 1, compiled=True)  # a tree's rows too: each attends to the prefix and its ancestors
     AttentionMaskInterface.register(NAME, sdpa_mask)  # for prompts: the stock sdpa masks
     model.set_attn_implementation(NAME)
     return None

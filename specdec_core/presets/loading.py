@@ -267,7 +267,7 @@ def _cpu_runners(target, draft, setting: bool | str, notes: list[str], feature_l
     layers `feature_layers` (an EAGLE head's), so its engines decode on them, and are kept in
     specdec's cache folder, where a later start loads them in seconds. A draft stays eager.
     """
-    from ..decoding.compiled import CompiledSteps
+    from ..decoding.compiled import CPU_TREE_SIZES, CompiledSteps
     from ..kernels.lean_layers import uses_lean_layers
     from ..decoding.compiling import wants_compile
 
@@ -277,12 +277,17 @@ def _cpu_runners(target, draft, setting: bool | str, notes: list[str], feature_l
     if draft is not None:
         notes.append("draft: decoding eagerly (on CPU only the target's steps are compiled)")
     kept = cache_root() / "compiled"
+    # Tree verify steps too (the tree-size policy's budgets), so tree drafters keep the compiled
+    # path, and replies the baseline's; only on row-exact attention, compiled after the chains.
     if background:
-        steps = CompiledSteps(target, name="target", feature_layers=feature_layers, background=True, cache_dir=kept)
-        notes.append(f"target: compiling {len(steps.step_sizes)} step shapes in the background, decoding "
+        steps = CompiledSteps(target, name="target", feature_layers=feature_layers, background=True, cache_dir=kept,
+                              tree_sizes=CPU_TREE_SIZES)
+        trees = f" ({len(steps.tree_sizes)} tree step shapes after them)" if steps.tree_sizes else ""
+        notes.append(f"target: compiling {len(steps.step_sizes)} step shapes in the background{trees}, decoding "
                      "eagerly until then")
         return steps
-    return _noted(notes, "target", CompiledSteps(target, name="target", feature_layers=feature_layers, cache_dir=kept))
+    return _noted(notes, "target", CompiledSteps(target, name="target", feature_layers=feature_layers, cache_dir=kept,
+                                                 tree_sizes=CPU_TREE_SIZES))
 
 
 def _noted(notes: list[str], role: str, steps):
