@@ -43,8 +43,7 @@ shapes: the context length is a symbol, and one graph per step size serves every
   compiles them in the background (`background=True`, for a 4-bit target): a thread compiles
   while runners step eagerly, and each runner takes the compiled steps at the first generation
   it begins once they are ready. The compile gives way to decoding: its tracing is
-  Python and would hold the GIL against every step (_give_way), and its compiler processes
-  are stopped while a reply decodes (compiler_pause.py). And
+  Python and would hold the GIL against every step (_give_way). And
   torch.compiler.is_compiling() is one flag for the process, true in every thread while one
   compiles, so the cache asks torch.compiler.is_dynamo_compiling() instead.
 
@@ -68,7 +67,6 @@ import torch
 
 from .features import StepFeatures, settle_features, start_features, untapped
 from .base import EAGER_DYNAMIC, MAX_STEP_TOKENS, DecodePath, model_name
-from .compiler_pause import CompilerPause
 from .compiling import PAD_TOKEN, allow_a_graph_per_shape, compile_failed
 from .eager import CachedModel, GrowingLayer, cache_kwargs, compiled_tree_nodes
 from .step_cache import StepCache
@@ -239,8 +237,6 @@ class CompiledSteps(DecodePath):
         are ready for the runners' next generation. Whatever fails here ends the thread with
         the steps marked eager and one log line (fallback_reason): an exception escaping the
         thread would leave them 'compiled' but never ready, eager without a word."""
-        # The compiler's own processes stop while any reply decodes (compiler_pause.py)
-        pause = CompilerPause(lambda: not self._closed and _a_reply_decodes(), name=f"pausing {self.name}'s compilers")
         try:
             _lower_this_threads_priority()
             allow_a_graph_per_shape()  # dynamo's config is per thread (torch >= 2.12)
@@ -253,7 +249,6 @@ class CompiledSteps(DecodePath):
             self._fall_back(error)
         finally:
             sys.settrace(None)
-            pause.stop()
 
     def _give_way(self, frame, event, arg) -> None:
         """The compiling thread's trace function, called at each Python call it makes: it waits
@@ -436,13 +431,6 @@ def _end_background_compiles() -> None:
     for steps in list(_COMPILING):
         steps.close()
         steps.wait(_EXIT_WAIT_S)
-
-
-def _a_reply_decodes() -> bool:
-    """Whether a runner of any steps still compiling has decoded within _QUIET_S: a reply runs
-    (its target and draft may be compiling apart, and both give way to it)."""
-    now = time.monotonic()
-    return any(now - steps._last_decoded < _QUIET_S for steps in list(_COMPILING))
 
 
 def _lower_this_threads_priority() -> None:
