@@ -210,9 +210,10 @@ def test_side_by_side_reads_the_prompt_alike_in_both_halves(long_context_server,
         base_ttft, spec_ttft = seconds_of(base_ttft, base_unit), seconds_of(spec_ttft, spec_unit)
         read = int(READ_ALIKE.search(final["speedup"]).group(1))  # the same count on both sides
         assert read > 0 and (read > 700 or turn or not long_prompt), final["speedup"]  # read whole at first
-        # the same order: within a factor of 3 (or 50 ms apart: a scheduler's hiccup on a shared
-        # machine); unfairly read, the long prompt's were 122 ms and 6 ms (1.78x end to end, 1.09x decode)
-        assert max(base_ttft, spec_ttft) <= 3 * min(base_ttft, spec_ttft) + 0.05, final["speedup"]
+        # the same order: within a factor of 3 (or 100 ms apart: a scheduler's hiccup on a shared
+        # machine; CI's two workers once stalled a 1-token read 79 ms); unfairly read, the long
+        # prompt's were 122 ms and 6 ms (1.78x end to end, 1.09x decode)
+        assert max(base_ttft, spec_ttft) <= 3 * min(base_ttft, spec_ttft) + 0.1, final["speedup"]
         assert min(1.0, decode) / 1.5 <= end_to_end <= max(1.0, decode) * 1.5, final["speedup"]
         assert "outputs identical ✓" in final["speedup"]
         spec_text = "".join(t for _, t in token_spans(final["chat"][-1]))
