@@ -47,6 +47,14 @@ def send_and_wait(page, message: str) -> None:
         "() => /· done/.test(document.querySelector('#stats-text').innerText)", timeout=TIMEOUT_MS)
 
 
+def open_loaded(page, url: str) -> None:
+    """Open the app and wait until its models panel shows the loaded target."""
+    page.goto(url)
+    page.wait_for_selector("#msg textarea")
+    page.wait_for_function("() => document.querySelector('#models').innerText.includes('target:')",
+                           timeout=TIMEOUT_MS)
+
+
 def clear(page) -> None:
     page.click("#clear")
     page.wait_for_function("() => !document.querySelector('#chat .tok')", timeout=10_000)
@@ -206,10 +214,7 @@ def test_the_tree_view_shows_the_last_tree_round_in_a_real_browser(tree_app_serv
 
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     try:
-        page.goto(tree_app_server.url)
-        page.wait_for_selector("#msg textarea")
-        page.wait_for_function("() => document.querySelector('#models').innerText.includes('target:')",
-                               timeout=TIMEOUT_MS)
+        open_loaded(page, tree_app_server.url)
         page.locator("#drafter input").click()
         page.get_by_role("option", name="Medusa heads").click()
         page.locator("#adaptive input").uncheck()  # every round drafts a tree
@@ -369,10 +374,7 @@ def test_speedup_now_is_the_decode_phase_ratio_in_a_real_browser(app_server, bro
     first, second = (" ".join(words[(i * step) % 10] for i in range(150)) for step in (3, 7))  # 270 tokens each
     page = browser.new_page(viewport={"width": 1400, "height": 1400})
     try:
-        page.goto(app_server.url)
-        page.wait_for_selector("#msg textarea")
-        page.wait_for_function("() => document.querySelector('#models').innerText.includes('target:')",
-                               timeout=TIMEOUT_MS)
+        open_loaded(page, app_server.url)
         set_number(page, "max-new-tokens", 24)
         page.locator("#baseline input").check()
         send_and_wait(page, first)  # the plain rate, measured at this prompt length
