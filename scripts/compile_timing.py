@@ -70,6 +70,9 @@ def main() -> None:
         print(f"while compiling: median {statistics.median(during):.1f} tok/s over {len(during)} replies")
     if args.chat_s is not None:
         return
+    if not args.eager:
+        steps.ready.wait()
+        print(f"chain steps ready {time.perf_counter() - compile_started:.0f} s after the load {_load()}", flush=True)
     models.wait_for_compiling()
     if not args.eager:
         print(f"compile ended {time.perf_counter() - compile_started:.0f} s after the load "

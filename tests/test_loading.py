@@ -3,8 +3,11 @@ SmolLM2 preset, 4-bit drafts on CPU, the `auto` rule and the one-line load error
 
 from __future__ import annotations
 
+import sys
+
 import httpx2
 import pytest
+
 import torch
 from huggingface_hub.errors import GatedRepoError
 
@@ -157,27 +160,29 @@ def test_compiled_cpu_steps_read_the_eagle_heads_features_so_its_engines_stay_co
     assert head_line.startswith("eagle head: ") and head_line.endswith("decode: eager")  # not "; the target decodes eagerly"
 
 
-def test_auto_compiles_a_4bit_cpu_targets_steps_in_the_background(monkeypatch):
+def test_auto_compiles_a_4bit_cpu_targets_steps_in_the_background(monkeypatch, tmp_path):
     """compile: auto on CPU: a 4-bit target (lean decoder layers) gets steps compiled in the
     background, with a note, that return an EAGLE head's features too; a single reply (compile_in_background=False) and an fp32 target stay
     eager; compile: true compiles now. (torch.compile is the identity here, to keep this fast;
     test_compiled_runner compiles in the background for real.)"""
     from specdec_core.decoding.compiled import COMPILED_DYNAMIC, CompiledSteps
+    from specdec_core.decoding.helper_process import HelperCommand
     from specdec_core.presets.loading import _cpu_runners
     from tests.test_lean_layers import _stock_and_lean
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
     stock, lean = _stock_and_lean()
     notes = []
-    steps = _cpu_runners(lean, None, "auto", notes, (1, 0), background_allowed=True)
+    helper = HelperCommand((sys.executable, "-c", "pass"), b"", tmp_path / "helper.log")  # (it saves nothing)
+    steps = _cpu_runners(lean, None, "auto", notes, (1, 0), helper)
     assert isinstance(steps, CompiledSteps) and steps.stepped is not lean  # its untapped twin
     assert steps.feature_layers == (0, 1) and steps.reads_features((1, 0))
     assert notes == ["target: compiling 4 step shapes in the background (3 tree step shapes after them), "
                      "decoding eagerly until then"]
     assert steps.wait(60) and steps.decode_path == COMPILED_DYNAMIC
-    assert _cpu_runners(lean, None, "auto", [], (), background_allowed=False) is None
-    assert _cpu_runners(stock, None, "auto", [], (), background_allowed=True) is None
-    now = _cpu_runners(lean, None, True, [], (), background_allowed=True)
+    assert _cpu_runners(lean, None, "auto", [], (), None) is None
+    assert _cpu_runners(stock, None, "auto", [], (), helper) is None
+    now = _cpu_runners(lean, None, True, [], (), helper)
     assert now.stepped is not lean and now.decode_path == COMPILED_DYNAMIC
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from specdec_core.decoding.compiled import COMPILING, CompiledSteps
 from specdec_core.decoding.step_cache import StepCache, step_key
 from specdec_core.kernels.row_attention import use_row_exact_attention
@@ -54,11 +56,32 @@ def _decode_in_a_new_process(folder: Path, script: str = _DECODE) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_second_process_loads_the_compiled_steps_and_decodes_the_same_tokens(tmp_path):
-    first = _decode_in_a_new_process(tmp_path)
-    assert first["loaded"] == 0 and first["traced"] > 0  # compiled: nothing to load yet
+def test_a_helper_process_compiles_the_steps_a_background_compile_loads_as_a_second_process_does(tmp_path):
+    """The steps compiled in a helper process (the app's background compile) are saved in the cache
+    folder; this process's background compile loads them and compiles none itself; a second
+    process loads them too; every one decodes the same tokens."""
+    from specdec_core import SamplingParams, SpeculativeEngine
+    from specdec_core.decoding.compiled import COMPILED_DYNAMIC
+    from specdec_core.decoding.helper_process import HelperCommand
+    from tests.test_row_attention import VOCAB
+    from tests.tiny_models import load_smollm2_tokenizer, random_eagle_head
+
+    log = tmp_path / "helper.log"
+    script = f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{_DECODE}"
+    model = _int4_tiny_llama(seed=31)
+    assert use_row_exact_attention(model) is None
+    head = random_eagle_head(model, draft_vocab=VOCAB, seed=3)
+    steps = CompiledSteps(model, step_sizes=(1, 4), feature_layers=head.layer_ids, background=True,
+                          cache_dir=tmp_path, helper=HelperCommand((sys.executable, "-c", script, str(tmp_path)), b"", log))
+    assert steps.wait(1200) and steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason or log.read_text()[-3000:]
+    first = json.loads(log.read_text().strip().splitlines()[-1])
+    assert first["loaded"] == 0 and first["traced"] > 0  # the helper compiled: nothing to load yet
+    assert steps.loaded == 2  # loaded here, none compiled
     assert len(list(tmp_path.glob("step-*.bin"))) == 2  # a file per step size
     assert (tmp_path / "inductor").is_dir()  # inductor's built libraries kept beside them
+    prompt = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(5)).tolist() * 2
+    engine = SpeculativeEngine(model, load_smollm2_tokenizer(), make_runner=steps)
+    assert engine.generate(prompt, SamplingParams(max_new_tokens=30)).token_ids == first["replies"]["plain"]
     second = _decode_in_a_new_process(tmp_path)
     assert second["loaded"] == 2 and second["traced"] == 0 and second["compiled"]  # loaded, nothing traced
     assert "(loaded from the compile cache)" in second["path"] and "loaded" not in first["path"]

@@ -40,10 +40,13 @@ shapes: the context length is a symbol, and one graph per step size serves every
 - Compiling takes minutes on two cores the first time (docs/decode-paths.md). With a cache folder
   (step_cache.py; the app's cache, for the presets) each compiled step is saved there, and a
   later start loads it in seconds instead of tracing and compiling again. `compile: auto`
-  compiles them in the background (`background=True`, for a 4-bit target): a thread compiles
-  while runners step eagerly, and each runner takes the compiled steps at the first generation
-  it begins once they are ready. The compile gives way to decoding: its tracing is
-  Python and would hold the GIL against every step (_give_way). And
+  compiles them in the background (`background=True`, for a 4-bit target): runners step
+  eagerly meanwhile, and each takes the compiled steps at the first generation it begins once
+  they are ready. With a `helper` (the loader's), a helper process compiles and saves them,
+  stopped while runners decode (helper_process.py: a compile in this process halved the
+  replies' speed), and a thread here loads them. Without one the thread compiles them itself,
+  giving way to decoding: its tracing is Python and would hold the GIL against every step
+  (_give_way). And
   torch.compiler.is_compiling() is one flag for the process, true in every thread while one
   compiles, so the cache asks torch.compiler.is_dynamo_compiling() instead.
 
@@ -69,6 +72,7 @@ from .features import StepFeatures, settle_features, start_features, untapped
 from .base import EAGER_DYNAMIC, MAX_STEP_TOKENS, DecodePath, model_name
 from .compiling import PAD_TOKEN, allow_a_graph_per_shape, compile_failed
 from .eager import CachedModel, GrowingLayer, cache_kwargs, compiled_tree_nodes
+from .helper_process import HelperCommand, HelperProcess
 from .step_cache import StepCache
 from .tree import TREE_KWARG, check_parents, padded_tree, path_tensors, row_depths
 
@@ -145,7 +149,8 @@ class CompiledSteps(DecodePath):
 
     def __init__(self, model, *, step_sizes=CPU_STEP_SIZES, feature_layers: tuple[int, ...] = (),
                  warmup: bool = True, progress: bool = True, name: str | None = None,
-                 background: bool = False, cache_dir=None, tree_sizes: tuple[int, ...] = ()) -> None:
+                 background: bool = False, cache_dir=None, tree_sizes: tuple[int, ...] = (),
+                 helper: HelperCommand | None = None) -> None:
         self.model = model.eval()
         self.name = name or model_name(model)
         # What the compiled steps run: the model's untapped twin, so no compile (on whatever thread)
@@ -176,6 +181,10 @@ class CompiledSteps(DecodePath):
         self._closed = False
         self._compiling: threading.Thread | None = None
         self._last_decoded = 0.0  # time.monotonic() of a runner's latest step
+        # A background compile with a cache folder may run in a helper process (helper_process.py),
+        # started by the background thread; this one then loads the steps it saves.
+        self._helper_command = helper if background and cache_dir else None
+        self._helper: HelperProcess | None = None
         (cache_keyword,) = cache_kwargs(model, None)  # looked up here, not inside the compiled step
         self._stepper = _Stepper(self.stepped, self._features, cache_keyword)
         allow_a_graph_per_shape()
@@ -225,12 +234,17 @@ class CompiledSteps(DecodePath):
         return self.compiled and self.ready.is_set()
 
     def close(self) -> None:
-        """No more compiling: a background compile stops at its next Python call."""
+        """No more compiling: a background compile stops at its next Python call, a helper at once."""
         self._closed = True
+        if self._helper is not None:
+            self._helper.stop()
 
     def decoding(self) -> None:
-        """A runner of these steps is decoding now: a background compile gives way (_give_way)."""
+        """A runner of these steps is decoding now: a background compile gives way (_give_way),
+        a helper process is stopped meanwhile."""
         self._last_decoded = time.monotonic()
+        if self._helper is not None:
+            self._helper.decoding()
 
     def _compile_in_background(self) -> None:
         """The background thread: every bucket compiled, giving way to decoding, then the steps
@@ -240,15 +254,39 @@ class CompiledSteps(DecodePath):
         try:
             _lower_this_threads_priority()
             allow_a_graph_per_shape()  # dynamo's config is per thread (torch >= 2.12)
+            self._await_helper(lambda: self._saved("step", self.step_sizes))
             sys.settrace(self._give_way)  # this thread's Python calls only
-            self.warm_up(progress=False, trees=False)
+            self.warm_up(progress=False, trees=False)  # (what a helper saved loads; the rest compiles here)
             if self.compiled and not self._closed:
                 self.ready.set()  # the chain steps: runners take them now, trees follow
+                sys.settrace(None)
+                self._await_helper(lambda: self._closed)
+                sys.settrace(self._give_way)
                 self.warm_up_trees()
         except Exception as error:
             self._fall_back(error)
         finally:
             sys.settrace(None)
+            if self._helper is not None:
+                self._helper.stop()
+
+    def _await_helper(self, done) -> None:
+        """With a helper command: start the helper (once) and let it compile until done() or until
+        it ends. One that fails leaves one log line, and the steps it didn't save compile here."""
+        if self._helper_command is None or self._closed:
+            return
+        if self._helper is None:
+            self._helper = HelperProcess(self._helper_command, _QUIET_S)
+        code = self._helper.wait(lambda: done() or self._closed)
+        if code:
+            logger.warning("the compile helper of %s failed (%s): compiling in this process",
+                           self.name, self._helper.failure(code))
+        if code is not None:
+            self._helper_command = None  # ended: nothing more to wait for
+
+    def _saved(self, kind: str, sizes: tuple[int, ...]) -> bool:
+        """Whether the cache folder holds a saved step of every size in `sizes`."""
+        return all(self._cache.path(size, kind).is_file() for size in sizes)
 
     def _give_way(self, frame, event, arg) -> None:
         """The compiling thread's trace function, called at each Python call it makes: it waits
@@ -263,7 +301,9 @@ class CompiledSteps(DecodePath):
 
     @property
     def shapes_ready(self) -> int:
-        """How many step sizes are compiled (or loaded) so far."""
+        """How many step sizes are compiled (or loaded) so far, or saved by a helper."""
+        if self._helper is not None and self._cache is not None:
+            return max(len(self._graphs), sum(self._cache.path(size).is_file() for size in self.step_sizes))
         return len(self._graphs)
 
     @property

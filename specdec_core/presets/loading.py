@@ -17,7 +17,9 @@ import torch
 from ..kernels.int4_linear import gguf_weight_summary
 from ..kernels.lean_layers import use_lean_layers
 from ..kernels.row_attention import use_row_exact_attention
+from ..decoding.helper_process import HelperCommand
 from .auto import choose_auto_preset
+from .compile_helper import CompileRecipe, helper_command
 from .config import AUTO, ModelSpec, Preset, load_config
 from .load_errors import load_errors
 from .loaded import LoadedModels, ModelInfo
@@ -112,8 +114,11 @@ def load_preset(
     feature_layers = eagle_head.layer_ids if eagle_head is not None else ()
     if medusa_heads is not None:  # the compiled steps return every feature a loaded drafter reads
         feature_layers = tuple(sorted({*feature_layers, target.config.get_text_config().num_hidden_layers}))
-    target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes, feature_layers,
-                                                  compile_in_background)
+    # A background compile runs in a helper process that loads this target as it was loaded here.
+    helper = helper_command(CompileRecipe(preset, load_eagle=eagle_head is not None,
+                                          load_medusa=medusa_heads is not None,
+                                          cpu_weights=weights)) if compile_in_background else None
+    target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes, feature_layers, helper)
     info = [target_info, *info, *([eagle_info] if eagle_info else []), *([medusa_info] if medusa_info else [])]
     for role, model, runner in (("target", target, target_runner), ("draft", draft, draft_runner)):
         if model is not None and runner is None:  # eager decoding; compiled steps pick their own kernels
@@ -223,8 +228,9 @@ def _head_on_int4(head) -> str:
 
 
 def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: list[str],
-                    feature_layers: tuple[int, ...] = (), background: bool = True):
-    """(target_runner, draft_runner): compiled steps when compiling is on, else None.
+                    feature_layers: tuple[int, ...] = (), helper: HelperCommand | None = None):
+    """(target_runner, draft_runner): compiled steps when compiling is on, else None. `helper`
+    compiles a CPU target's steps in the background (None: no background compile).
 
     On CUDA both models get a static cache and CUDA graphs (decoding/static.py), compiled and warmed
     up for every step shape now (with a progress bar), so the first reply is not slow. On CPU
@@ -236,7 +242,7 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
     from ..decoding.static import DRAFT_STEP_SIZES, StaticSteps
 
     if target.device.type == "cpu":
-        return _cpu_runners(target, draft, setting, notes, feature_layers, background), None
+        return _cpu_runners(target, draft, setting, notes, feature_layers, helper), None
     if not wants_compile(setting, target.device):
         return None, None
     verify_sizes = step_buckets(max(MAX_DRAFT_LENGTH, preset.draft_length) + 1)  # 1 token, and k+1 padded up
@@ -257,13 +263,13 @@ def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: l
 
 
 def _cpu_runners(target, draft, setting: bool | str, notes: list[str], feature_layers: tuple[int, ...],
-                 background_allowed: bool):
+                 helper: HelperCommand | None):
     """The target's CompiledSteps on CPU (inductor's C++ wrapper on its growing cache), or None.
 
     `compile: true` compiles them now. `auto` compiles a 4-bit target's steps (lean decoder
-    layers, where compiling pays most: 14.6 -> 8.4 ms a SmolLM2 step) in the background:
-    decoding starts eagerly at once and takes the compiled steps from the first reply after
-    they are ready, minutes later. Either way the steps also return the inputs of the target
+    layers, where compiling pays most: 14.6 -> 8.4 ms a SmolLM2 step) in the background, in
+    `helper`'s process (stopped while replies decode): decoding starts eagerly at once and takes
+    the compiled steps from the first reply after they are ready, minutes later. Either way the steps also return the inputs of the target
     layers `feature_layers` (an EAGLE head's), so its engines decode on them, and are kept in
     specdec's cache folder, where a later start loads them in seconds. A draft stays eager.
     """
@@ -271,7 +277,7 @@ def _cpu_runners(target, draft, setting: bool | str, notes: list[str], feature_l
     from ..kernels.lean_layers import uses_lean_layers
     from ..decoding.compiling import wants_compile
 
-    background = background_allowed and setting == "auto" and uses_lean_layers(target)
+    background = helper is not None and setting == "auto" and uses_lean_layers(target)
     if not background and not wants_compile(setting, target.device):
         return None
     if draft is not None:
@@ -281,7 +287,7 @@ def _cpu_runners(target, draft, setting: bool | str, notes: list[str], feature_l
     # path, and replies the baseline's; only on row-exact attention, compiled after the chains.
     if background:
         steps = CompiledSteps(target, name="target", feature_layers=feature_layers, background=True, cache_dir=kept,
-                              tree_sizes=CPU_TREE_SIZES)
+                              tree_sizes=CPU_TREE_SIZES, helper=helper)
         trees = f" ({len(steps.tree_sizes)} tree step shapes after them)" if steps.tree_sizes else ""
         notes.append(f"target: compiling {len(steps.step_sizes)} step shapes in the background{trees}, decoding "
                      "eagerly until then")
