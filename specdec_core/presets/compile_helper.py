@@ -23,6 +23,7 @@ from .config import Preset, PresetFile
 from .sources import cache_root
 
 _PARENT_POLL_S = 1.0
+_NICENESS = 10
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ def compile_steps(recipe: CompileRecipe):
 def main() -> None:
     recipe: CompileRecipe = pickle.loads(sys.stdin.buffer.read())
     _end_with_parent()
+    if hasattr(os, "nice"):
+        os.nice(_NICENESS)  # below whatever else the machine runs (the app's replies stop it anyway)
     started = time.perf_counter()
     steps = compile_steps(recipe)
     if steps.fallback_reason:
