@@ -76,7 +76,7 @@ def main() -> None:
     models.wait_for_compiling()
     if not args.eager:
         print(f"compile ended {time.perf_counter() - compile_started:.0f} s after the load "
-              f"(warm-up {steps.warmup_s:.0f} s, {steps.loaded} of {len(steps.step_sizes)} step shapes loaded from "
+              f"(warm-up {steps.warmup_s:.0f} s, {steps.loaded} of {len(steps.step_sizes) + len(steps.tree_sizes)} compiled steps (chains and trees) loaded from "
               f"the cache, {_cpu_s():.0f} CPU seconds since the start); decode path: {models.decode_path} {_load()}",
               flush=True)
     after = [reply(i) for i in range(args.replies)]

@@ -56,37 +56,58 @@ def _decode_in_a_new_process(folder: Path, script: str = _DECODE) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# A helper process's work (the app's background compile, presets/compile_helper.py, for a
+# preset): the same tiny int4 Llama's steps compiled and saved in `folder`.
+_COMPILE = """
+import sys
+from specdec_core.decoding.compiled import CompiledSteps
+from specdec_core.kernels.row_attention import use_row_exact_attention
+from tests.test_row_attention import VOCAB, _int4_tiny_llama
+from tests.tiny_models import random_eagle_head
+
+model = _int4_tiny_llama(seed=31)
+assert use_row_exact_attention(model) is None
+head = random_eagle_head(model, draft_vocab=VOCAB, seed=3)
+steps = CompiledSteps(model, step_sizes=(1, 4), feature_layers=head.layer_ids, progress=False, cache_dir=sys.argv[1])
+sys.exit(steps.fallback_reason)
+"""
+
+
 def test_a_helper_process_compiles_the_steps_a_background_compile_loads_as_a_second_process_does(tmp_path):
     """The steps compiled in a helper process (the app's background compile) are saved in the cache
-    folder; this process's background compile loads them and compiles none itself; a second
-    process loads them too; every one decodes the same tokens."""
-    from specdec_core import SamplingParams, SpeculativeEngine
+    folder; this process's background compile loads them and traces nothing itself; a second
+    process loads them too; both decode the same tokens, plain and speculative alike."""
+    from torch._dynamo.utils import counters
+
+    from specdec_core import PromptLookupDrafter, SamplingParams, SpeculativeEngine
     from specdec_core.decoding.compiled import COMPILED_DYNAMIC
     from specdec_core.decoding.helper_process import HelperCommand
     from tests.test_row_attention import VOCAB
     from tests.tiny_models import load_smollm2_tokenizer, random_eagle_head
 
     log = tmp_path / "helper.log"
-    script = f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{_DECODE}"
+    script = f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{_COMPILE}"
     model = _int4_tiny_llama(seed=31)
     assert use_row_exact_attention(model) is None
     head = random_eagle_head(model, draft_vocab=VOCAB, seed=3)
+    traced_before = counters["stats"]["calls_captured"]
     steps = CompiledSteps(model, step_sizes=(1, 4), feature_layers=head.layer_ids, background=True,
                           cache_dir=tmp_path, helper=HelperCommand((sys.executable, "-c", script, str(tmp_path)), b"", log))
     assert steps.wait(1200) and steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason or log.read_text()[-3000:]
-    first = json.loads(log.read_text().strip().splitlines()[-1])
-    assert first["loaded"] == 0 and first["traced"] > 0  # the helper compiled: nothing to load yet
-    assert steps.loaded == 2  # loaded here, none compiled
+    assert steps.loaded == 2 and counters["stats"]["calls_captured"] == traced_before  # loaded, nothing traced here
     assert len(list(tmp_path.glob("step-*.bin"))) == 2  # a file per step size
     assert (tmp_path / "inductor").is_dir()  # inductor's built libraries kept beside them
     prompt = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(5)).tolist() * 2
-    engine = SpeculativeEngine(model, load_smollm2_tokenizer(), make_runner=steps)
-    assert engine.generate(prompt, SamplingParams(max_new_tokens=30)).token_ids == first["replies"]["plain"]
+    replies = {}
+    for name, drafter in (("plain", None), ("lookup", PromptLookupDrafter())):
+        engine = SpeculativeEngine(model, load_smollm2_tokenizer(), drafter=drafter, draft_length=3, adaptive=False,
+                                   make_runner=steps)
+        replies[name] = engine.generate(prompt, SamplingParams(max_new_tokens=30)).token_ids
+    assert replies["lookup"] == replies["plain"]  # speculation stays plain decoding
     second = _decode_in_a_new_process(tmp_path)
     assert second["loaded"] == 2 and second["traced"] == 0 and second["compiled"]  # loaded, nothing traced
-    assert "(loaded from the compile cache)" in second["path"] and "loaded" not in first["path"]
-    assert second["replies"] == first["replies"]
-    assert first["replies"]["lookup"] == first["replies"]["plain"]  # speculation stays plain decoding
+    assert "(loaded from the compile cache)" in second["path"]
+    assert second["replies"] == replies
 
 
 # The same with tree steps: a 1-token step and a tree step of 4 nodes, then a plain reply and one

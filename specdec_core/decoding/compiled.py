@@ -247,8 +247,9 @@ class CompiledSteps(DecodePath):
             self._helper.decoding()
 
     def _compile_in_background(self) -> None:
-        """The background thread: every bucket compiled, giving way to decoding, then the steps
-        are ready for the runners' next generation. Whatever fails here ends the thread with
+        """The background thread: every bucket compiled (by the helper, then loaded here; or here,
+        giving way to decoding), then the steps are ready for the runners' next generation; then
+        the tree steps likewise. Whatever fails here ends the thread with
         the steps marked eager and one log line (fallback_reason): an exception escaping the
         thread would leave them 'compiled' but never ready, eager without a word."""
         try:
@@ -260,7 +261,7 @@ class CompiledSteps(DecodePath):
             if self.compiled and not self._closed:
                 self.ready.set()  # the chain steps: runners take them now, trees follow
                 sys.settrace(None)
-                self._await_helper(lambda: self._closed)
+                self._await_helper(lambda: self._saved("tree", self.tree_sizes))
                 sys.settrace(self._give_way)
                 self.warm_up_trees()
         except Exception as error:
@@ -271,9 +272,10 @@ class CompiledSteps(DecodePath):
                 self._helper.stop()
 
     def _await_helper(self, done) -> None:
-        """With a helper command: start the helper (once) and let it compile until done() or until
-        it ends. One that fails leaves one log line, and the steps it didn't save compile here."""
-        if self._helper_command is None or self._closed:
+        """With a helper command: start the helper (once, unless done() already) and let it
+        compile until done() or until it ends. One that fails leaves one log line, and the steps it
+        didn't save compile here."""
+        if self._helper_command is None or self._closed or done():  # (a warm start starts none)
             return
         if self._helper is None:
             self._helper = HelperProcess(self._helper_command, _QUIET_S)
