@@ -92,3 +92,17 @@ def test_the_helpers_recipe_loads_the_target_the_app_loaded(smollm2_local, monke
         assert helper_keys == [steps._cache.key]
     finally:
         steps.close()
+
+
+def test_a_helper_that_cant_start_leaves_the_compile_to_this_process(monkeypatch, tmp_path, caplog):
+    from specdec_core.decoding.compiled import COMPILED_DYNAMIC, CompiledSteps
+    from specdec_core.kernels.row_attention import use_row_exact_attention
+    from tests.test_row_attention import _int4_tiny_llama
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    model = _int4_tiny_llama(seed=33)
+    assert use_row_exact_attention(model) is None
+    missing = HelperCommand((str(tmp_path / "no-such-python"),), b"", tmp_path / "helper.log")
+    steps = CompiledSteps(model, step_sizes=(1,), background=True, cache_dir=tmp_path, helper=missing)
+    assert steps.wait(120) and steps.decode_path == COMPILED_DYNAMIC, steps.fallback_reason
+    assert "the compile helper of" in caplog.text and "could not start" in caplog.text

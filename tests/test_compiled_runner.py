@@ -162,9 +162,10 @@ def test_an_eagle_head_on_compiled_steps_keeps_plain_decodings_tokens(compiled_s
 def test_a_tap_no_engine_reads_holds_only_the_last_forwards_rows(compiled, smol_tokenizer):
     model, steps = compiled
     prompt = _tokens(30, 24) * 2
+    tap = feature_tap(model, steps.feature_layers)  # made (as an EAGLE engine would) before this reply, not after
     engine = SpeculativeEngine(model, smol_tokenizer, drafter=PromptLookupDrafter(), draft_length=5, make_runner=steps)
     engine.generate(prompt, SamplingParams(max_new_tokens=40))  # reads no features: nobody takes from the tap
-    rows = feature_tap(model, steps.feature_layers).take()
+    rows = tap.take()
     assert rows is not None and len(rows) <= MAX_ROWS  # the last verify's rows, not every step's since the prompt
 
 

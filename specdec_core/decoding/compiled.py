@@ -278,7 +278,13 @@ class CompiledSteps(DecodePath):
         if self._helper_command is None or self._closed or done():  # (a warm start starts none)
             return
         if self._helper is None:
-            self._helper = HelperProcess(self._helper_command, _QUIET_S)
+            try:
+                self._helper = HelperProcess(self._helper_command, _QUIET_S)
+            except OSError as error:  # no process, or no log file (an unwritable cache folder)
+                logger.warning("the compile helper of %s could not start (%s): compiling in this process",
+                               self.name, error)
+                self._helper_command = None
+                return
         code = self._helper.wait(lambda: done() or self._closed)
         if code:
             logger.warning("the compile helper of %s failed (%s): compiling in this process",
