@@ -16,37 +16,18 @@ import pickle
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
-from ..decoding.helper_process import HelperCommand
-from .config import Preset, PresetFile
-from .sources import cache_root
+from .compile_recipe import CompileRecipe
+from .config import PresetFile
+from .loading import load_preset
 
 _PARENT_POLL_S = 1.0
 _NICENESS = 10
 
 
-@dataclass(frozen=True)
-class CompileRecipe:
-    """What the helper needs to load the app's target as the app did."""
-
-    preset: Preset
-    load_eagle: bool  # whether the app loaded the preset's EAGLE head (its layers' features are outputs)
-    load_medusa: bool
-    cpu_weights: str
-
-
-def helper_command(recipe: CompileRecipe) -> HelperCommand:
-    """The command that compiles `recipe`'s target steps in a helper process."""
-    return HelperCommand(argv=(sys.executable, "-m", __name__), stdin=pickle.dumps(recipe),
-                         log=cache_root() / "compiled" / "compile-helper.log")
-
-
 def compile_steps(recipe: CompileRecipe):
     """Load the recipe's target with `compile: true`: its CompiledSteps, compiled (or loaded) and
     saved in the step cache."""
-    from .loading import load_preset
-
     name = recipe.preset.name
     models = load_preset(name, PresetFile(path=None, presets={name: recipe.preset}, auto_fallback=name),
                          load_draft=False, compile=True, load_eagle=recipe.load_eagle,

@@ -19,7 +19,7 @@ from ..kernels.lean_layers import use_lean_layers
 from ..kernels.row_attention import use_row_exact_attention
 from ..decoding.helper_process import HelperCommand
 from .auto import choose_auto_preset
-from .compile_helper import CompileRecipe, helper_command
+from .compile_recipe import CompileRecipe, helper_command
 from .config import AUTO, ModelSpec, Preset, load_config
 from .load_errors import load_errors
 from .loaded import LoadedModels, ModelInfo
