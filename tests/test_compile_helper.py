@@ -59,15 +59,19 @@ def test_a_failed_helper_is_one_line_with_its_last_words(tmp_path):
     assert helper.failure(code) == f"exit code 1: no such model: x (all of its output in {command.log})"
 
 
-def test_the_helpers_recipe_loads_the_target_the_app_loaded(smollm2_local, monkeypatch):
-    """The offline preset loaded with compile: auto (its EAGLE head too) hands its helper a recipe;
+def test_the_helpers_recipe_loads_the_target_the_app_loaded(smollm2_local, monkeypatch, tmp_path):
+    """The offline preset loaded with compile: auto (its EAGLE and Medusa heads too) hands its helper a recipe;
     loaded from that recipe, the helper's target has the app's step cache key: the same structure,
     features and options, so the app loads what the helper saves. (torch.compile is the identity
     and the helper's work runs in this process: the key is what is checked here.)"""
     from specdec_core.presets.compile_helper import compile_steps
     from specdec_core.presets.loading import load_preset
+    from specdec_core.presets.sources import cache_root
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    # An empty step cache (a warm one starts no helper), the GGUF's converted folder linked in.
+    (tmp_path / "gguf").symlink_to(cache_root() / "gguf")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     helper_keys = []
 
     class HelperInThisProcess:
@@ -88,7 +92,10 @@ def test_the_helpers_recipe_loads_the_target_the_app_loaded(smollm2_local, monke
     steps = app_models.path("target")
     try:
         assert steps.wait(300), steps.fallback_reason
-        assert app_models.eagle_head is not None and steps.feature_layers == app_models.eagle_head.layer_ids
+        # the EAGLE head's layers and, for the Medusa heads, the last layer's output
+        layers = app_models.target.config.num_hidden_layers
+        assert app_models.eagle_head is not None and app_models.medusa_heads is not None
+        assert steps.feature_layers == (*app_models.eagle_head.layer_ids, layers)
         assert helper_keys == [steps._cache.key]
     finally:
         steps.close()

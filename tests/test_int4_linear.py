@@ -239,8 +239,8 @@ def test_the_eagle_head_of_the_4bit_target_runs_on_q8_0_groups_of_its_weights(sm
     target again by every engine, it keeps them (the drafters' greedy identity: the test below)."""
     from specdec_core.kernels.int4_linear import Int4Linear
 
-    head = smollm2_gguf.info[-1]
-    assert head.role == "eagle head" and head.quantization == "q8_0 on int4 kernels"
+    head = next(info for info in smollm2_gguf.info if info.role == "eagle head")
+    assert head.quantization == "q8_0 on int4 kernels"
     assert head.parameters == 9_808_128 and head.memory_bytes < 15e6  # fp32: 39 MB
     layers = [m for m in smollm2_gguf.eagle_head.modules() if isinstance(m, Int4Linear)]
     assert len(layers) == 9 and {m.gguf_type for m in layers} == {"Q8_0"}

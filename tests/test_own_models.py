@@ -18,7 +18,7 @@ PROMPT = ["--prompt", "List three colours of the rainbow.", "--max-new-tokens", 
 # What the launch must not print: bitsandbytes' and kernels' hub-kernel warnings, transformers' bars
 NOISE = ("Loading weights", "kernels-community", "pip install kernels", "Skipping publisher trust", "it/s]",
          "Traceback", "Warning", "warn")
-MODEL_LINE = re.compile(r"^(target|draft|eagle head): .+  loaded in [\d.]+ s")
+MODEL_LINE = re.compile(r"^(target|draft|eagle head|medusa heads): .+  loaded in [\d.]+ s")
 
 
 def bundled_gguf() -> str:
@@ -62,7 +62,7 @@ def test_a_launch_is_one_line_per_model_and_no_library_noise(preset_reply):
     lines = run.stderr.splitlines()
     assert not [line for line in lines if any(noise in line for noise in NOISE)], run.stderr
     roles = [MODEL_LINE.match(line).group(1) for line in lines if MODEL_LINE.match(line)]
-    assert roles == ["target", "draft", "eagle head"], run.stderr
+    assert roles == ["target", "draft", "eagle head", "medusa heads"], run.stderr
     # nothing else: the preset, the models (a first run converts the GGUF once), the reply's summary
     others = [line for line in lines if not (MODEL_LINE.match(line) or line.startswith(("preset: ", "converting "))
                                              or line.endswith("finished: length"))]
