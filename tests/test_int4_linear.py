@@ -244,7 +244,8 @@ def test_the_eagle_head_of_the_4bit_target_runs_on_q8_0_groups_of_its_weights(sm
     assert head.parameters == 9_808_128 and head.memory_bytes < 15e6  # fp32: 39 MB
     layers = [m for m in smollm2_gguf.eagle_head.modules() if isinstance(m, Int4Linear)]
     assert len(layers) == 9 and {m.gguf_type for m in layers} == {"Q8_0"}
-    assert "quantization q8_0 on int4 kernels" in smollm2_gguf.describe().splitlines()[-1]
+    head_line = next(line for line in smollm2_gguf.describe().splitlines() if line.startswith("eagle head: "))
+    assert "quantization q8_0 on int4 kernels" in head_line
 
 
 _PASSAGE = (
