@@ -236,15 +236,17 @@ class CompiledSteps(DecodePath):
     def close(self) -> None:
         """No more compiling: a background compile stops at its next Python call, a helper at once."""
         self._closed = True
-        if self._helper is not None:
-            self._helper.stop()
+        helper = self._helper
+        if helper is not None:
+            helper.stop()
 
     def decoding(self) -> None:
         """A runner of these steps is decoding now: a background compile gives way (_give_way),
         a helper process is stopped meanwhile."""
         self._last_decoded = time.monotonic()
-        if self._helper is not None:
-            self._helper.decoding()
+        helper = self._helper  # (None again once it has ended: no lock on every step after)
+        if helper is not None:
+            helper.decoding()
 
     def _compile_in_background(self) -> None:
         """The background thread: every bucket compiled (by the helper, then loaded here; or here,
@@ -268,8 +270,9 @@ class CompiledSteps(DecodePath):
             self._fall_back(error)
         finally:
             sys.settrace(None)
-            if self._helper is not None:
-                self._helper.stop()
+            helper, self._helper = self._helper, None
+            if helper is not None:
+                helper.stop()
 
     def _await_helper(self, done) -> None:
         """With a helper command: start the helper (once, unless done() already) and let it
