@@ -33,7 +33,7 @@ def _generate(model, tokenizer, prompts, new, layers):
     """The writer before batch_generate: `model.generate` with left padding and feature hooks."""
     from specdec_core.train.features import capture_features
 
-    eos = data._eos_ids(model, tokenizer)
+    eos = data.eos_ids(model, tokenizer)
     width = max(map(len, prompts))
     ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -54,7 +54,7 @@ def main() -> None:
     tokenizer = load_preset(args.preset, None, load_draft=False, compile=False).tokenizer
     model = load_plain_target(args.preset, None, dtype=torch.bfloat16)
     layers = default_layer_ids(model.config.num_hidden_layers)
-    eos = data._eos_ids(model, tokenizer)
+    eos = data.eos_ids(model, tokenizer)
     for run in args.runs.split(","):
         writer, rows = run.split(":")
         prompts = sorted((chat_prompt_ids(tokenizer, [{"role": "user", "content": q.text}]) for q in direct_prompts(int(rows), seed=1)), key=len)

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from specdec_core.train.batch_generate import generate_batch
-from specdec_core.train.data import DataSettings, features_path, generate_data, read_shard, shard_path
+from specdec_core.train.data import DataSettings, eos_ids, features_path, generate_data, read_shard, shard_path
 from specdec_core.train.dataset import load_sequences
 from specdec_core.train.features import sequence_features
+from specdec_core.train.prompt_sets import everyday_prompts, replies_to
 from specdec_core.train.varied import clean_request, is_new
 from tests.tiny_models import tiny_llama
 
@@ -110,3 +111,24 @@ def test_rows_of_a_varied_shard_say_what_the_next_shard_reads(tmp_path, tiny, sm
     recipe = json.loads((tmp_path / "data" / "data_settings.json").read_text())
     assert recipe["prompts"] == "varied" and recipe["generator"] == "static-batch"
     assert all(row["text"] for row in read_shard(shard_path(tmp_path / "data", 0)))
+
+
+def test_a_prompt_sets_replies_are_written_once_and_measured_as_greedy_held_out_replies(tmp_path, tiny, smol_tokenizer):
+    prompts = [("chat", "How are you today?"), ("code", "Write a Python function that adds two numbers.")]
+    written = replies_to("everyday", prompts, tiny, smol_tokenizer, tmp_path, LAYERS, max_new_tokens=6)
+    assert [s.family for s in written] == ["chat", "code"] and all(s.mode == "greedy" for s in written)
+    for sequence in written:
+        assert sequence.aux.shape == (len(sequence.ids) - 1, 3 * tiny.config.hidden_size)
+        reply = sequence.ids[sequence.reply_start :].tolist()
+        assert reply == _alone(tiny, sequence.ids[: sequence.reply_start].tolist(), eos_ids(tiny, smol_tokenizer), 6)
+    # Read back, not written again (no target to write with); other prompts are written anew.
+    again = replies_to("everyday", prompts, None, smol_tokenizer, tmp_path, LAYERS, max_new_tokens=6)
+    assert [s.ids.tolist() for s in again] == [s.ids.tolist() for s in written]
+    other = replies_to("everyday", prompts[:1], tiny, smol_tokenizer, tmp_path, LAYERS, max_new_tokens=6)
+    assert len(other) == 1
+
+
+def test_the_everyday_prompts_load_with_their_categories():
+    prompts = everyday_prompts()
+    assert len(prompts) >= 50 and {"chat", "code"} <= {category for category, _ in prompts}
+    assert all(text.strip() for _, text in prompts)

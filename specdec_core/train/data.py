@@ -128,7 +128,7 @@ def generate_data(
             temporary = features_path(out_dir, index).with_suffix(".pt.tmp")
             torch.save(features, temporary)
             os.replace(temporary, features_path(out_dir, index))
-            _write_atomically(path, rows)
+            write_rows(path, rows)
         if progress:
             progress(done, len(indices))
     return [shard_path(out_dir, index) for index in indices]
@@ -143,7 +143,7 @@ def _claim(out_dir: Path, recipe: dict) -> None:
     if path.exists():
         refuse_other_settings({**RECIPE_DEFAULTS, **read_shard(path)[0]}, recipe, f"{out_dir} holds data shards written")
     elif not any(out_dir.glob("shard-*.jsonl")):  # a folder from before the record: left unchecked
-        _write_atomically(path, [recipe])
+        write_rows(path, [recipe])
 
 
 def refuse_other_settings(recorded: dict, wanted: dict, holder: str) -> None:
@@ -180,7 +180,7 @@ def _varied_prompts(model, tokenizer, index: int, data_dir: Path, settings: Data
     plan, requests = varied.shard_plan(index, settings.per_shard, previous, seed, held)
     written = []
     if requests:
-        eos = _eos_ids(model, tokenizer)
+        eos = eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
         encoded = [chat_prompt_ids(tokenizer, [{"role": "user", "content": r["text"]}]) for r in requests]
         for start in range(0, len(encoded), settings.batch_size):
@@ -264,14 +264,15 @@ def _generate_batch(
     """The target's replies to a batch of prompts, each cut after its first eos, and each
     sequence's features: {"aux": [n-1, 3H], "final": [n-1, H]} for its n = prompt + reply tokens
     (the last token is never fed to the target, and no label needs it)."""
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     temperature = 0.0 if mode == "greedy" else float(mode[1:])
     return generate_batch(model, prompts, max_new_tokens=max_new_tokens, eos=eos, pad=pad, temperature=temperature,
                           seed=seed, layer_ids=layer_ids)
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
+def eos_ids(model, tokenizer) -> list[int]:
+    """The tokens that end a reply: the model's generation config's and the tokenizer's."""
     configured = getattr(model.generation_config, "eos_token_id", None)
     ids = configured if isinstance(configured, list) else [configured] if configured is not None else []
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
@@ -279,7 +280,8 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return ids
 
 
-def _write_atomically(path: Path, rows: list[dict]) -> None:
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """Write JSON lines atomically: a file that exists is whole (shards are checkpoints)."""
     temporary = path.with_suffix(".tmp")
     with open(temporary, "w") as handle:
         for row in rows:
