@@ -155,6 +155,53 @@ def test_the_drafter_reads_the_hidden_state_of_the_last_position_the_target_read
     assert drafter.propose_tree(context, 3, 0, greedy, torch.Generator()).parents is None  # no room: the chain
 
 
+@pytest.mark.parametrize("own_output", [True, False], ids=["own-output", "target-lm-head"])
+def test_heads_with_a_draft_vocabulary_guess_among_it_reading_those_rows_only(tmp_path, target, own_output):
+    """Heads saved with their draft vocabulary (draft_vocab.json) load with it; the drafter reads
+    out only those rows of the target's lm_head, its logits there those of the whole readout and
+    -inf elsewhere, so greedy, sampled and tree drafts all come from the vocabulary."""
+    heads = random_medusa_heads(target, num_heads=3, own_output=own_output, seed=4, std=0.3)
+    heads.draft_token_ids = list(range(0, 300, 3))
+    heads.save(tmp_path, dtype=None)
+    assert json.loads((tmp_path / "draft_vocab.json").read_text())["token_ids"] == list(range(0, 300, 3))
+    loaded = MedusaHeads.load(tmp_path)
+    assert loaded.draft_token_ids == heads.draft_token_ids
+    drafter = MedusaDrafter(loaded)
+    drafter.bind(target, None)
+    context = [5, 6, 7, 8, 9]
+    drafter.reset(context)
+    tap = feature_tap(target, (target.config.num_hidden_layers,))
+    tap.start()
+    final_hidden_states(target, context[:-1])
+    drafter.observe(tap.take(), 0)
+    with torch.no_grad():
+        whole = heads.logits(final_hidden_states(target, context[:-1])[-1:], target.lm_head)[:, 0]
+    ids = torch.tensor(heads.draft_token_ids)
+    logits = drafter._logits(3)
+    torch.testing.assert_close(logits[:, ids], whole[:, ids])
+    outside = torch.ones(300, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isinf(logits[:, outside]).all()
+    greedy = drafter.propose(context, 3, SamplingParams(), torch.Generator())
+    assert greedy.tokens == ids[whole[:, ids].argmax(-1)].tolist()
+    sampled = drafter.propose(context, 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert all(t % 3 == 0 for t in sampled.tokens) and float(sampled.probs[:, outside].sum()) == 0
+    tree = drafter.propose_tree(context, 3, 7, SamplingParams(), torch.Generator())
+    assert all(t % 3 == 0 for t in tree.tokens)
+
+
+def test_a_broken_or_foreign_draft_vocabulary_is_refused_in_one_line(tmp_path, target):
+    heads = random_medusa_heads(target, num_heads=2, own_output=False, seed=5)
+    heads.save(tmp_path)
+    (tmp_path / "draft_vocab.json").write_text('{"token_ids": "all"}')
+    with pytest.raises(LoadError, match="is not a draft vocabulary") as raised:
+        MedusaHeads.load(tmp_path)
+    assert "\n" not in str(raised.value)
+    (tmp_path / "draft_vocab.json").write_text('{"token_ids": [1, 2, 999]}')
+    with pytest.raises(LoadError, match="up to id 999 but the target's vocabulary has 300"):
+        MedusaDrafter(MedusaHeads.load(tmp_path)).bind(target, None)
+
+
 # ---------------------------------------------------------------- candidate trees
 
 

@@ -43,6 +43,10 @@ def test_the_output_folder_is_in_medusas_format_and_drafts(first_run, tiny_train
         f"{i}.0.linear.{p}": shape for i in range(2) for p, shape in (("weight", (64, 64)), ("bias", (64,)))}
     assert all(t.dtype == torch.float16 for t in tensors.values())
     assert any(t.abs().sum() > 0 for t in tensors.values())  # trained away from the identity it starts as
+    # The tokens the heads were trained to guess among, which the drafter reads out over.
+    vocabulary = json.loads((first_run / "draft_vocab.json").read_text())["token_ids"]
+    assert len(vocabulary) == OWN["train_vocab"] and vocabulary == sorted(vocabulary)
+    assert MedusaHeads.load(first_run).draft_token_ids == vocabulary
     summary = json.loads((first_run / "training.json").read_text())
     held = summary["heldout"]
     assert len(held["top1"]) == len(held["top3"]) == len(held["chain_by_position"]) == 2

@@ -13,6 +13,12 @@ Sampling: token i is drawn from head i's distribution, warped exactly as the tar
 each other's tokens; that q is still the one the token was drawn from, so the output keeps the
 target's distribution.
 
+Readout: heads that carry their draft vocabulary (medusa_heads: the tokens they were trained to
+guess among) read out through those rows only (of the target's lm_head, taken once at bind from
+its own kernel, a 4-bit one's too; or of each head's own output layer); a head's logits for the
+other tokens are -inf, so greedy, sampled and tree drafts all come from that vocabulary.
+Otherwise the whole lm_head reads them out.
+
 Trees: in greedy rounds that allow one, candidate_tree builds the tree of the heads' most likely
 combinations (top TREE_WIDTH per head), so a wrong top guess at one depth can still be rescued by
 that head's second or third.
@@ -44,6 +50,9 @@ class MedusaDrafter(Drafter):
         self.source = source or "Medusa heads"
         self.feature_layers = (num_target_layers,) if num_target_layers is not None else ()
         self._norm = self._lm_head = None  # the target's, shared (set in bind)
+        # With the heads' draft vocabulary (set in bind): its ids, and the lm_head's rows for them.
+        self._draft_ids: torch.Tensor | None = None
+        self._readout: torch.Tensor | None = None
         self._forget()
 
     @classmethod
@@ -70,6 +79,17 @@ class MedusaDrafter(Drafter):
         self._norm, self._lm_head = decoder.norm, lm_head
         embed = target_model.get_input_embeddings().weight
         self.heads.to(device=embed.device, dtype=embed.dtype)
+        self._draft_ids = self._readout = None
+        if heads.draft_token_ids is not None:
+            if heads.draft_token_ids[-1] >= lm_head.out_features:
+                raise LoadError(f"Medusa heads {name} guess tokens up to id {heads.draft_token_ids[-1]} but the target's "
+                                f"vocabulary has {lm_head.out_features}: use heads trained for this target")
+            self._draft_ids = torch.tensor(heads.draft_token_ids, device=embed.device)
+            if heads.own_output:  # each head's own rows
+                self._readout = torch.stack([head[-1].weight[self._draft_ids] for head in heads.heads]).detach()
+            else:  # the lm_head's rows, the same for every head
+                rows = _lm_head_rows(lm_head, self._draft_ids, embed.dtype)
+                self._readout = rows.expand(heads.num_heads, *rows.shape)
         self._forget()
 
     def reset(self, prompt_ids: list[int]) -> None:
@@ -136,5 +156,22 @@ class MedusaDrafter(Drafter):
         the context's last token)."""
         with torch.inference_mode():
             row = self._row.to(self.heads.device)
-            final = self._norm(row[None])  # the hidden state the target's lm_head read
-            return self.heads.logits(final.to(self.heads.dtype), self._lm_head, count)[:, 0]
+            final = self._norm(row[None]).to(self.heads.dtype)  # the hidden state the target's lm_head read
+            if self._readout is None:
+                return self.heads.logits(final, self._lm_head, count)[:, 0]
+            states = self.heads.hidden(final, count)  # [count, 1, H]
+            logits = states.new_full((count, self._lm_head.out_features), float("-inf"))
+            logits[:, self._draft_ids] = (states @ self._readout[:count].transpose(1, 2))[:, 0]
+            return logits
+
+
+def _lm_head_rows(lm_head: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype, chunk: int = 128) -> torch.Tensor:
+    """[len(ids), H] the rows of `lm_head`'s weight for the tokens `ids`, as its own kernel computes
+    them (a quantised layer's too, whose weight is not a plain matrix): its outputs for the rows of
+    the identity, in chunks (the whole [H, V] at once would be large for a big vocabulary)."""
+    width = lm_head.in_features
+    with torch.inference_mode():
+        zero = lm_head(torch.zeros(1, width, dtype=dtype, device=ids.device))[0, ids]  # a bias, if any
+        parts = [lm_head(torch.eye(width, dtype=dtype, device=ids.device)[start : start + chunk])[:, ids] - zero
+                 for start in range(0, width, chunk)]
+        return torch.cat(parts).T.contiguous()

@@ -16,6 +16,12 @@ holding the state dict of a list of per-head Sequentials: "{i}.{j}.linear.weight
 A file without the output layers (Medusa's first, legacy layout) has the heads read out through
 the target's own lm_head; this project's trained heads are saved that way (their output layer
 would be a copy of the lm_head: 28M parameters a head for SmolLM2).
+
+Beside Medusa's files, this project's heads keep the tokens they were trained to guess among
+(draft_vocab.json: {"token_ids": [...]}, the training replies' most frequent tokens). The drafter
+then reads out only those rows of the lm_head: on the 4-bit SmolLM2 the whole lm_head (49,152
+rows) cost 2.96 ms for three heads, about a third of a compiled target step, and 8,192 rows of it
+0.40 ms. Medusa's own code ignores the file; heads without it read out the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from ..errors import LoadError
 
 WEIGHTS_FILE = "medusa_lm_head.safetensors"
 LEGACY_WEIGHTS_FILE = "medusa_lm_head.pt"
+DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 
 class ResBlock(nn.Module):
@@ -48,13 +55,15 @@ class MedusaHeads(nn.Module):
     """K heads of L residual blocks each, with their own output layers or (None) the target's."""
 
     def __init__(self, num_heads: int, num_layers: int, hidden_size: int, vocab_size: int | None,
-                 base_model: str = "") -> None:
+                 base_model: str = "", draft_token_ids: list[int] | None = None) -> None:
         super().__init__()
         if num_heads < 1 or num_layers < 0:
             raise ValueError(f"Medusa heads need at least 1 head and 0 or more layers, got {num_heads} and {num_layers}")
         self.num_heads, self.num_layers = num_heads, num_layers
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.base_model = base_model
+        # The target tokens the heads guess among (sorted; None: the whole vocabulary).
+        self.draft_token_ids = sorted(set(int(t) for t in draft_token_ids)) if draft_token_ids is not None else None
         own_output = vocab_size is not None
         # Indexed as Medusa's Sequentials are, so state_dict() keys are the file's.
         self.heads = nn.ModuleList(
@@ -119,6 +128,8 @@ class MedusaHeads(nn.Module):
                   "base_model_name_or_path": self.base_model, "hidden_size": self.hidden_size,
                   "torch_dtype": str(dtype or self.dtype).removeprefix("torch.")}
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if self.draft_token_ids is not None:
+            (folder / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": self.draft_token_ids}) + "\n")
         return folder
 
     @classmethod
@@ -147,13 +158,28 @@ class MedusaHeads(nn.Module):
             raise LoadError(f"Medusa heads {folder} hold no weights for head 0: re-download or re-train the heads")
         vocab = first.shape[0] if first is not None else None
         try:
-            heads = cls(num_heads, num_layers, width, vocab, str(raw.get("base_model_name_or_path") or ""))
+            heads = cls(num_heads, num_layers, width, vocab, str(raw.get("base_model_name_or_path") or ""),
+                        _read_draft_vocab(folder))
             dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
             heads.to(dtype).heads.load_state_dict(state, strict=True)
         except (RuntimeError, ValueError, IndexError) as error:
             line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise LoadError(f"Medusa heads {folder} don't match their config.json ({line}): re-download or re-train the heads") from None
         return heads.eval()
+
+
+def _read_draft_vocab(folder: Path) -> list[int] | None:
+    path = folder / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        return None
+    try:
+        ids = json.loads(path.read_text())["token_ids"]
+        if not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+            raise ValueError("not a list of token ids")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise LoadError(f"{path} is not a draft vocabulary ({error}): delete it (the heads then read out every "
+                        "token) or re-train the heads") from None
+    return ids
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:

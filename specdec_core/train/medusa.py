@@ -5,10 +5,11 @@ all the heads read), the same held-out split, checkpoints that resume, the same 
 Head i at position t learns the token at t + 2 + i of the target's own reply (cross-entropy on
 that token; the target's lm_head at t gives t + 1). The heads' blocks start as the identity
 (Medusa's start: zero weights) and read out through the target's lm_head, which stays frozen and
-is not saved: the folder holds only the blocks (Medusa's layout without output layers). While
-training, the readout is restricted to the tokens most frequent in the training replies (a
-sixth of the lm_head for SmolLM2, which is most of a step's cost); every measurement reads out
-over the whole vocabulary, as drafting does.
+is not saved: the folder holds only the blocks (Medusa's layout without output layers). The
+readout is restricted to the tokens most frequent in the training replies (`--train-vocab`: a
+sixth of the lm_head for SmolLM2, which is most of a step's cost), and the folder keeps them as
+the heads' draft vocabulary (draft_vocab.json): the drafter reads out over the same rows, and so
+does every measurement here.
 
 Measured on the held-out greedy replies: each head's top-1 and top-k accuracy (its k best
 guesses hold the token), and the chain the drafter proposes (the heads' top-1 guesses in a
@@ -27,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..drafters.eagle_head import default_layer_ids
-from ..drafters.medusa_heads import WEIGHTS_FILE, MedusaHeads
+from ..drafters.medusa_heads import DRAFT_VOCAB_FILE, WEIGHTS_FILE, MedusaHeads
 from ..presets.loading import load_preset
 from .base import SAVE_DTYPES, RunSettings, autocast, load_split, optimizer_step, resume, save_checkpoint, schedule, write_data
 from .dataset import Sequence, draft_vocabulary
@@ -75,6 +76,7 @@ def train_medusa(settings: MedusaSettings, stop_after: int | None = None) -> dic
     to_readout[vocabulary] = torch.arange(len(vocabulary))
 
     heads = new_heads(settings, text_config, str(loaded.preset.target.label))
+    heads.draft_token_ids = vocabulary.tolist()  # what they guess among: saved with them, read out so when drafting
     optimizer = torch.optim.AdamW(heads.parameters(), lr=settings.lr, weight_decay=0.0)
     per_epoch = math.ceil(len(train_set) / settings.batch)
     total_steps = per_epoch * settings.epochs
@@ -172,10 +174,13 @@ def heads_loss(heads: MedusaHeads, readout: torch.Tensor, to_readout: torch.Tens
 
 @torch.no_grad()
 def accuracy(heads: MedusaHeads, lm_head: torch.Tensor, sequences: list[Sequence], top_k: int) -> dict:
-    """Each head's held-out top-1 and top-k accuracy over the whole vocabulary, and the chain of
+    """Each head's held-out top-1 and top-k accuracy, read out as the drafter reads out (over the
+    heads' draft vocabulary, or the whole lm_head `lm_head` [V, H] without one), and the chain of
     the heads' top-1 guesses: acceptance by position (a position counts only when the heads
     before it were right too) and mean accepted per round."""
     heads.eval()
+    ids = torch.tensor(heads.draft_token_ids) if heads.draft_token_ids is not None else torch.arange(len(lm_head))
+    readout = lm_head[ids]
     hits1 = [0] * heads.num_heads
     hitsk = [0] * heads.num_heads
     counts = [0] * heads.num_heads
@@ -187,7 +192,7 @@ def accuracy(heads: MedusaHeads, lm_head: torch.Tensor, sequences: list[Sequence
         starts = torch.arange(max(s.reply_start - 2, 0), n - 2)  # chains whose first guess is a reply token
         right = torch.zeros(heads.num_heads, len(starts), dtype=torch.bool)
         for i in range(heads.num_heads):
-            guesses = (states[i, starts] @ lm_head.T).topk(top_k, dim=-1).indices
+            guesses = ids[(states[i, starts] @ readout.T).topk(top_k, dim=-1).indices]
             reach = starts + 2 + i < n
             labels = s.ids[(starts + 2 + i).clamp(max=n - 1)]
             top1, topk = guesses[:, 0] == labels, (guesses == labels[:, None]).any(-1)
@@ -217,7 +222,8 @@ def readme(summary: dict) -> str:
         "",
         f"Trained by this project's Medusa trainer (target frozen); the folder is in Medusa's format: config.json "
         f"(medusa_num_heads {s['heads']}, medusa_num_layers {s['layers']}) and {WEIGHTS_FILE} with each head's residual "
-        "blocks. The heads read out through the target's own lm_head (no output layers in the file).",
+        f"blocks. The heads read out through the target's own lm_head (no output layers in the file), over the "
+        f"{s['train_vocab']:,} tokens they were trained to guess among ({DRAFT_VOCAB_FILE}: the rows the drafter reads).",
         "",
         "## Training command",
         "",
@@ -240,7 +246,7 @@ def readme(summary: dict) -> str:
         f"({training['epochs']:.2f} epochs) in {training['seconds'] / 60:.1f} minutes on {training['threads']} thread(s)"
         + (" (stopped by --max-minutes)." if training["stopped_early"] else "."),
         "",
-        f"## Held-out accuracy (whole vocabulary, weights as saved: {s['save_dtype']})",
+        f"## Held-out accuracy (over the draft vocabulary, as the drafter reads out; weights as saved: {s['save_dtype']})",
         "",
         "| head (token after the next) | " + " | ".join(f"{i}" for i in heads) + " |",
         "|---" * (s["heads"] + 1) + "|",
