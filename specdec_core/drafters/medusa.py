@@ -50,7 +50,8 @@ class MedusaDrafter(Drafter):
         self.source = source or "Medusa heads"
         self.feature_layers = (num_target_layers,) if num_target_layers is not None else ()
         self._norm = self._lm_head = None  # the target's, shared (set in bind)
-        # With the heads' draft vocabulary (set in bind): its ids, and the lm_head's rows for them.
+        # With the heads' draft vocabulary (set in bind): its ids, and the readout's rows for them
+        # ([V', H] of the lm_head, or [K, V', H] of the heads' own output layers).
         self._draft_ids: torch.Tensor | None = None
         self._readout: torch.Tensor | None = None
         self._forget()
@@ -87,9 +88,9 @@ class MedusaDrafter(Drafter):
             self._draft_ids = torch.tensor(heads.draft_token_ids, device=embed.device)
             if heads.own_output:  # each head's own rows
                 self._readout = torch.stack([head[-1].weight[self._draft_ids] for head in heads.heads]).detach()
-            else:  # the lm_head's rows, the same for every head
-                rows = _lm_head_rows(lm_head, self._draft_ids, embed.dtype)
-                self._readout = rows.expand(heads.num_heads, *rows.shape)
+            else:  # the lm_head's rows, the same for every head (one matrix: a batched product over
+                # it expanded per head cost 1.3 ms here, one product 0.4)
+                self._readout = _lm_head_rows(lm_head, self._draft_ids, embed.dtype)
         self._forget()
 
     def reset(self, prompt_ids: list[int]) -> None:
@@ -159,9 +160,13 @@ class MedusaDrafter(Drafter):
             final = self._norm(row[None]).to(self.heads.dtype)  # the hidden state the target's lm_head read
             if self._readout is None:
                 return self.heads.logits(final, self._lm_head, count)[:, 0]
-            states = self.heads.hidden(final, count)  # [count, 1, H]
+            states = self.heads.hidden(final, count)[:, 0]  # [count, H]
+            if self._readout.dim() == 2:
+                drafted = torch.nn.functional.linear(states, self._readout)
+            else:
+                drafted = (states[:, None] @ self._readout[:count].transpose(1, 2))[:, 0]
             logits = states.new_full((count, self._lm_head.out_features), float("-inf"))
-            logits[:, self._draft_ids] = (states @ self._readout[:count].transpose(1, 2))[:, 0]
+            logits[:, self._draft_ids] = drafted
             return logits
 
 
