@@ -11,7 +11,8 @@ anything: on a shared 2-core machine a compile at nice 19 got 1% of a core and n
 Steps are timed interleaved (each repeat runs every kind once, in turn), the median kept, each
 from the same context (the cache cropped back after every step). Tree shapes are random (each
 node under a random earlier node, at most 5 deep), a new one per repeat: one graph per node count
-serves them all. The compiled steps are kept in --cache, so a second run loads them.
+serves them all. The compiled steps are kept in --cache (default: the app's step cache, with the
+app's feature layers: the steps the app's background compile saved load in seconds).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from specdec_core.chat import chat_prompt_ids  # noqa: E402
 from specdec_core.decoding.compiled import CPU_STEP_SIZES, CPU_TREE_SIZES, CompiledSteps  # noqa: E402
 from specdec_core.decoding.eager import CachedModel  # noqa: E402
 from specdec_core.presets.loading import load_preset  # noqa: E402
+from specdec_core.presets.sources import cache_root  # noqa: E402
 
 HEAD = Path(__file__).resolve().parent.parent / "heads" / "smollm2-135m-eagle3"
 PROMPT = "Write a Python function that returns the squares of a list of numbers, and explain it."
@@ -104,7 +106,8 @@ def main() -> None:
     parser.add_argument("--contexts", default="128,512")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--tokens", type=int, default=96, help="new tokens of the replies (0: skip them)")
-    parser.add_argument("--cache", default="/tmp/specdec-tree-steps", help="folder of the compiled steps")
+    parser.add_argument("--cache", default=str(cache_root() / "compiled"),
+                        help="folder of the compiled steps (default: the app's, where its background compile saves them)")
     parser.add_argument("--tree-sizes", default=",".join(map(str, CPU_TREE_SIZES)), help="tree steps to compile (nodes)")
     parser.add_argument("--nice", type=int, default=19, help="niceness to time the steps and replies at")
     parser.add_argument("--step-sizes", default=",".join(map(str, CPU_STEP_SIZES)),
@@ -115,8 +118,11 @@ def main() -> None:
     models = load_preset("smollm2-135m-local", compile=False)
     head = EagleDrafter.from_pretrained(HEAD)
     started = time.perf_counter()
+    # The features the app's steps return (the EAGLE head's layers, and the last for the Medusa
+    # heads the preset loads), so these are the app's step files.
+    layers = {*head.feature_layers, *([models.target.config.num_hidden_layers] if models.medusa_heads is not None else [])}
     steps = CompiledSteps(models.target, step_sizes=[int(n) for n in args.step_sizes.split(",")], tree_sizes=[int(n) for n in args.tree_sizes.split(",")],
-                          feature_layers=head.feature_layers, progress=False, cache_dir=args.cache)
+                          feature_layers=tuple(sorted(layers)), progress=False, cache_dir=args.cache)
     assert steps.compiled, steps.fallback_reason
     print(f"{len(steps.step_sizes)} chain and {len(steps.tree_sizes)} tree step shapes ready in "
           f"{time.perf_counter() - started:.0f} s (chains {steps.warmup_s:.0f} s, trees {steps.trees_warmup_s:.0f} s; "
