@@ -164,7 +164,9 @@ def _write_medusa_heads(target, folder: Path) -> None:
     """Random heads for the target in our layout and in the published one, and heads for a wider target."""
     from tests.tiny_models import random_medusa_heads, write_published_medusa
 
-    random_medusa_heads(target, num_heads=3, own_output=False, seed=4, std=0.2).save(folder / "medusa")
+    ours = random_medusa_heads(target, num_heads=3, own_output=False, seed=4, std=0.2)
+    ours.draft_token_ids = list(range(0, target.config.vocab_size, 2))  # as our trainer saves them
+    ours.save(folder / "medusa")
     write_published_medusa(folder / "medusa-published", random_medusa_heads(target, num_heads=5, seed=5))
     from specdec_core.drafters import MedusaHeads
 

@@ -453,7 +453,9 @@ def test_a_preset_with_medusa_heads_loads_them_and_drafting_gives_the_baseline_r
     models = load_preset("tiny-medusa", tiny_presets.config, load_draft=False)
     heads = next(info for info in models.info if info.role == "medusa heads")
     assert heads.name == "./medusa" and heads.parameters == models.medusa_heads.parameter_count
-    assert "3 heads of 1 residual block(s), read out through the target's lm_head" in heads.line()
+    vocabulary = len(models.medusa_heads.draft_token_ids)
+    assert (f"3 heads of 1 residual block(s), read out through the target's lm_head over a draft vocabulary of "
+            f"{vocabulary:,} tokens") in heads.line()
     assert "medusa heads: ./medusa" in models.describe()
     engine = models.make_engine()
     assert engine.drafter.name == "medusa" and engine.drafter.heads is models.medusa_heads  # the preset's default

@@ -198,6 +198,8 @@ def _load_medusa_heads(preset: Preset, target, tokenizer):
     MedusaDrafter(heads, source=spec.label).bind(target, tokenizer)  # checks the fit; moves them
     memory = sum(t.numel() * t.element_size() for t in heads.parameters())
     readout = "own output layers" if heads.own_output else "read out through the target's lm_head"
+    if heads.draft_token_ids is not None:
+        readout += f" over a draft vocabulary of {len(heads.draft_token_ids):,} tokens"
     info = ModelInfo(
         role="medusa heads",
         name=spec.label,
