@@ -62,9 +62,16 @@ def shard_sequences(data_dir: Path, index: int) -> list[Sequence]:
     # mmap: the features stay in the file (the page cache) until a batch reads them, so data
     # larger than memory (2M reply tokens with their prompts: about 15-30 GB) can be trained on.
     features = torch.load(features_path(data_dir, index), weights_only=True, mmap=True)
+    return rows_to_sequences(rows, features)
+
+
+def rows_to_sequences(rows: list[dict], features: list[dict]) -> list[Sequence]:
+    """Sequences of written rows (prompt_ids, reply_ids, family; mode, default greedy) and their
+    features, those long enough to hold a draft chain."""
     sequences = [
         Sequence(ids=torch.tensor(row["prompt_ids"] + row["reply_ids"]), aux=feature["aux"], final=feature["final"],
-                 reply_start=len(row["prompt_ids"]), mode=row["mode"], family=row["family"], from_shard=row.get("from_shard"))
+                 reply_start=len(row["prompt_ids"]), mode=row.get("mode", "greedy"), family=row["family"],
+                 from_shard=row.get("from_shard"))
         for row, feature in zip(rows, features, strict=True)
     ]
     return [sequence for sequence in sequences if sequence.reply_tokens >= 3]

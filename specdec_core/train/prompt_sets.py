@@ -18,7 +18,7 @@ import torch
 from ..chat import chat_prompt_ids
 from .batch_generate import generate_batch
 from .data import eos_ids, read_shard, write_rows
-from .dataset import Sequence
+from .dataset import Sequence, rows_to_sequences
 
 EVERYDAY_PROMPTS = Path(__file__).resolve().parent / "data" / "everyday_prompts.jsonl"
 
@@ -46,14 +46,7 @@ def replies_to(
         torch.save(features, features_file)
         write_rows(rows_path, rows)
         recipe_path.write_text(json.dumps(recipe))
-    rows = read_shard(rows_path)
-    features = torch.load(features_file, weights_only=True)
-    sequences = [
-        Sequence(ids=torch.tensor(row["prompt_ids"] + row["reply_ids"]), aux=feature["aux"], final=feature["final"],
-                 reply_start=len(row["prompt_ids"]), mode="greedy", family=row["family"])
-        for row, feature in zip(rows, features, strict=True)
-    ]
-    return [sequence for sequence in sequences if sequence.reply_tokens >= 3]
+    return rows_to_sequences(read_shard(rows_path), torch.load(features_file, weights_only=True))
 
 
 def _write_replies(prompts, target, tokenizer, layer_ids, max_new_tokens: int, batch_size: int):
