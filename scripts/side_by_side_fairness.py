@@ -30,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from specdec_app import history as H  # noqa: E402
 from specdec_app import reply as app  # noqa: E402  (the reply loop the app runs)
 from specdec_app import render as R  # noqa: E402
 from specdec_app import speedup as S  # noqa: E402
@@ -84,7 +85,7 @@ def main() -> int:
     app.stream_reply = recording
     settings = Settings(preset=args.preset, drafter=args.drafter, temperature=0.0, top_p=1.0, top_k=0,
                         max_new_tokens=args.max_new_tokens, draft_length=5, adaptive=True, baseline=False, compare=True)
-    meter = Meter(S.BaselineBook(), S.ReplyHistory())
+    meter = Meter(S.BaselineBook(), H.ReplyHistory())
     print("| prompt | baseline TTFT | speculative TTFT | pane shows | end-to-end | decode phase "
           "| decode tok/s (baseline, speculative) | identical |")
     print("|---|---|---|---|---|---|---|---|")

@@ -11,6 +11,7 @@ from specdec_core.policy import DRAFT_LENGTH_BOUNDS
 from specdec_core.presets.config import CUSTOM, menu_label
 from specdec_core.presets.loaded import LoadedModels
 
+from . import history as H
 from . import render as R
 from . import speedup as S
 from .reply import describe
@@ -23,7 +24,7 @@ def place(presets: dict, preset: str, max_new_tokens: int) -> SimpleNamespace:
     # A session's history CSV folder goes when gradio drops the session's state (an hour after
     # its tab closed; see View.history_log); what is left at exit goes with the process's folder.
     ui = SimpleNamespace(turns=gr.State([]),
-                         history_log=gr.State(S.ReplyHistory(), delete_callback=S.ReplyHistory.remove_files))
+                         history_log=gr.State(H.ReplyHistory(), delete_callback=H.ReplyHistory.remove_files))
     gr.Markdown("# Speculative decoding chat\nEach reply token is coloured by where it came from.")
     gr.HTML(R.legend_html(), elem_id="legend", head=S.RACE_DASHED_CSS)
     with gr.Row():
@@ -58,7 +59,7 @@ def place(presets: dict, preset: str, max_new_tokens: int) -> SimpleNamespace:
                                  y_title="accepted share", height=220, elem_id="acceptance-plot")
             ui.models = gr.Markdown(R.models_markdown(None), elem_id="models")
     with gr.Accordion("This session's replies", open=True):
-        ui.history = gr.Dataframe(S.history_frame([]), elem_id="history", interactive=False, wrap=True)
+        ui.history = gr.Dataframe(H.history_frame([]), elem_id="history", interactive=False, wrap=True)
         ui.history_csv = gr.DownloadButton("Download the history as CSV", elem_id="history-csv", size="sm")
     with gr.Accordion("Settings", open=True):
         with gr.Row():

@@ -20,6 +20,7 @@ from specdec_core.events import LENGTH_CONTEXT
 from specdec_core.presets.holder import Cancelled, ModelHolder
 from specdec_core.presets.loaded import LoadedModels
 
+from . import history as H
 from . import render as R
 from . import speedup as S
 from .settings import Meter, Settings, View
@@ -222,9 +223,9 @@ def reply(models: LoadedModels, turns: list[dict], settings: Settings, stop: thr
                     if settings.compare else gr.skip())
     drafter = "none" if baseline_reply else settings.drafter_label
     kind = "side by side" if settings.compare else ("baseline" if baseline_reply else "speculative")
-    meter.log.add(S.history_row(len(meter.log.rows) + 1, turn["user"], kind, drafter, stats, live.rate, base_stats))
+    meter.log.add(H.history_row(len(meter.log.rows) + 1, turn["user"], kind, drafter, stats, live.rate, base_stats))
     yield view(R.stats_markdown(stats, mode, done=True, last_tree_nodes=tree.nodes()), R.acceptance_frame(stats),
-               speedup_text, live_text, race(), history=S.history_frame(meter.log.rows),
+               speedup_text, live_text, race(), history=H.history_frame(meter.log.rows),
                history_csv=meter.log.csv_file(), history_log=meter.log, tree=tree.html(final=True))
 
 

@@ -10,6 +10,7 @@ import gradio as gr
 from specdec_core import SamplingParams
 from specdec_core.presets.config import DRAFTER_LABELS
 
+from . import history as H
 from . import speedup as S
 
 # The drafters the app's menu offers ("none" is the Baseline checkbox), with their labels.
@@ -94,4 +95,4 @@ class Meter:
     """What a reply measures into: the server's plain rates and the session's history."""
 
     book: S.BaselineBook
-    log: S.ReplyHistory
+    log: H.ReplyHistory

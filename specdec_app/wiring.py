@@ -13,6 +13,7 @@ from specdec_core.errors import DeviceBusy, LoadError
 from specdec_core.presets.config import ConfigError, load_presets
 from specdec_core.presets.holder import ModelHolder
 
+from . import history as H
 from . import render as R
 from . import speedup as S
 from .layout import place, preset_controls
@@ -75,14 +76,14 @@ class ChatEvents:
         ui.compare.change(lambda on: (gr.Column(visible=on), gr.Markdown(visible=on)), ui.compare,
                           [ui.baseline_pane, ui.speedup], api_name=False, queue=False)
 
-    def respond(self, request: gr.Request, message: str, history: list, log: S.ReplyHistory, *values):
+    def respond(self, request: gr.Request, message: str, history: list, log: H.ReplyHistory, *values):
         """Send: answer the message in the box."""
         if not (message or "").strip():
             raise gr.Error("Empty message: type something in the box, then press Send.")
         # Send consumed the box: a failure puts the message back.
         yield from self._reply(request, message, history, log, values, Failed(message, history))
 
-    def retry(self, request: gr.Request, history: list, log: S.ReplyHistory, *values):
+    def retry(self, request: gr.Request, history: list, log: H.ReplyHistory, *values):
         """Retry: answer the last message again."""
         if not history:
             raise gr.Error("Nothing to retry yet: send a message first.")
@@ -90,7 +91,7 @@ class ChatEvents:
         yield from self._reply(request, history[-1]["user"], history[:-1], log, values, Failed(None, history),
                                history[-1])
 
-    def _reply(self, request: gr.Request, message: str, history: list, log: S.ReplyHistory, values: tuple,
+    def _reply(self, request: gr.Request, message: str, history: list, log: H.ReplyHistory, values: tuple,
                failed: Failed, retried: dict | None = None):
         """Answer `message` after `history`; on failure show `failed` (the box and chat as they were).
         `retried`: the turn a Retry replaces."""

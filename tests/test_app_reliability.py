@@ -15,8 +15,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+from specdec_app import history as H
 from specdec_app import render as R
-from specdec_app import speedup as S
 from specdec_core.chat import chat_prompt_ids
 from tests.conftest import free_port
 from tests.test_app import OUT, REPO, controls, outputs, send, text_of, token_spans
@@ -235,13 +235,13 @@ def test_a_sessions_history_folder_goes_when_its_session_ends_and_the_rest_at_ex
     client = Client(app_server.url, verbose=False)
     outputs(send(client, "hi", max_new_tokens=4))  # the reply writes the session's history CSV
     session = app_server.demo.state_holder[client.session_hash]
-    history = next(value for value in session.state_data.values() if isinstance(value, S.ReplyHistory))
+    history = next(value for value in session.state_data.values() if isinstance(value, H.ReplyHistory))
     folder = Path(history.csv_file()).parent
     assert (folder / "reply-history.csv").is_file()
     app_server.demo.state_holder.delete_state(client.session_hash)  # what gradio does when the session ends
     assert not folder.exists()
     # A session that never ends cleanly (the server stopped): its folder goes with the process's.
-    script = "from specdec_app import speedup as S; print(S.ReplyHistory().csv_file())"
+    script = "from specdec_app import history as H; print(H.ReplyHistory().csv_file())"
     written = Path(subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
                                   check=True).stdout.strip())
     assert written.name == "reply-history.csv" and not written.parent.exists()

@@ -1,5 +1,6 @@
 """The live speedup's pure parts (specdec_app/speedup.py): which plain rate a reply is compared with,
-its label, the theory beside it, the race chart's data and the history's rows and CSV."""
+its label, the theory beside it, the race chart's data; and the history's rows and CSV
+(specdec_app/history.py), which hold those rates and speedups."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import csv
 import pandas as pd
 import pytest
 
+from specdec_app import history as H
 from specdec_app import speedup as S
 from specdec_core.events import RoundTally
 from specdec_core.theory import predicted_speedup
@@ -285,7 +287,7 @@ STATS = {**reply_stats(30.0, ttft_s=0.1, tokens=64, first_round=4), "drafted_tok
 
 def test_history_rows_and_csv(tmp_path):
     rate = reply_rate(S.SIDE_BY_SIDE, 20.0)
-    spec = S.history_row(1, "Rewrite   this\nfunction with type hints and a long docstring please", "side by side",
+    spec = H.history_row(1, "Rewrite   this\nfunction with type hints and a long docstring please", "side by side",
                          "prompt lookup", STATS, rate)
     assert spec == {"#": 1, "prompt": "Rewrite this function with type hints a…", "mode": "side by side",
                     "drafter": "prompt lookup", "tokens": 64, "acceptance": 0.625, "tokens per target forward": 1.83,
@@ -293,21 +295,21 @@ def test_history_rows_and_csv(tmp_path):
                     "TTFT s": 0.1, "decode tok/s": 30.0, "decode speedup": 1.5, "end-to-end speedup": ""}
     # side by side with its baseline half: both speedups against that half, whatever the book holds
     half = reply_stats(15.0, ttft_s=0.1, tokens=64)
-    both = S.history_row(1, "hi", "side by side", "prompt lookup", STATS, None, base=half)
+    both = H.history_row(1, "hi", "side by side", "prompt lookup", STATS, None, base=half)
     assert both["decode speedup"] == both["speedup"] == 2.0 and both["vs plain tok/s"] == 15.0
     assert both["end-to-end speedup"] == round(STATS["tokens_per_second"] / half["tokens_per_second"], 2)
     assert both["baseline from"] == S.SIDE_BY_SIDE
-    base = S.history_row(2, "hi", "baseline", "none", {**STATS, "drafted_tokens": 0}, rate)
+    base = H.history_row(2, "hi", "baseline", "none", {**STATS, "drafted_tokens": 0}, rate)
     assert base["acceptance"] == "" and base["speedup"] == "" and base["baseline from"] == ""
-    unmeasured = S.history_row(3, "hi", "speculative", "draft model", STATS, None)
+    unmeasured = H.history_row(3, "hi", "speculative", "draft model", STATS, None)
     assert unmeasured["speedup"] == "" and unmeasured["acceptance"] == 0.625
     rows = [spec, base, unmeasured]
-    assert S.history_frame(rows).shape == (3, len(S.HISTORY_COLUMNS))
-    with open(S.write_history_csv(rows, str(tmp_path / "h.csv")), newline="") as file:
+    assert H.history_frame(rows).shape == (3, len(H.HISTORY_COLUMNS))
+    with open(H.write_history_csv(rows, str(tmp_path / "h.csv")), newline="") as file:
         read = list(csv.DictReader(file))
     assert [r["#"] for r in read] == ["1", "2", "3"] and read[0]["speedup"] == "1.5" and read[1]["speedup"] == ""
-    assert list(read[0]) == S.HISTORY_COLUMNS
-    assert S.HISTORY_COLUMNS[:11] == ["#", "prompt", "mode", "drafter", "tokens", "acceptance",  # old CSVs' columns
+    assert list(read[0]) == H.HISTORY_COLUMNS
+    assert H.HISTORY_COLUMNS[:11] == ["#", "prompt", "mode", "drafter", "tokens", "acceptance",  # old CSVs' columns
                                       "tokens per target forward", "tokens/s", "speedup", "vs plain tok/s",
                                       "baseline from"]
 
@@ -318,21 +320,21 @@ FORMULAS = ['=HYPERLINK("http://x","y")', "=1+1", "@SUM(1)", "+1+1", "-2+3", "\t
 
 def test_formulas_in_prompts_are_neutralised_in_the_csv_and_read_back_as_text(tmp_path):
     prompts = [*FORMULAS, "plain text", "a = b + c"]
-    rows = [S.history_row(n, prompt, "speculative", "prompt lookup", STATS, None) for n, prompt in enumerate(prompts, 1)]
-    read = pd.read_csv(S.write_history_csv(rows, str(tmp_path / "h.csv")), dtype=str, keep_default_na=False)
+    rows = [H.history_row(n, prompt, "speculative", "prompt lookup", STATS, None) for n, prompt in enumerate(prompts, 1)]
+    read = pd.read_csv(H.write_history_csv(rows, str(tmp_path / "h.csv")), dtype=str, keep_default_na=False)
     for row, prompt, cell in zip(rows, prompts, read["prompt"]):
         # The text as the table shows it (whitespace normalised), behind a ' where it would be a formula.
         assert cell == ("'" + row["prompt"] if prompt in FORMULAS else row["prompt"]), prompt
-    assert not any(cell.startswith(S.FORMULA_STARTS) for column in read for cell in read[column])
+    assert not any(cell.startswith(H.FORMULA_STARTS) for column in read for cell in read[column])
     assert read["tokens"].tolist() == ["64"] * len(prompts) and read["#"].tolist()[:2] == ["1", "2"]
 
 
 def test_reply_history_writes_its_own_file():
-    history = S.ReplyHistory()
-    history.add(S.history_row(1, "hi", "speculative", "prompt lookup", STATS, None))
+    history = H.ReplyHistory()
+    history.add(H.history_row(1, "hi", "speculative", "prompt lookup", STATS, None))
     path = history.csv_file()
     assert path.endswith("reply-history.csv") and history.csv_file() == path
-    assert S.ReplyHistory().csv_file() != path  # another session, another folder
+    assert H.ReplyHistory().csv_file() != path  # another session, another folder
     assert open(path).read().count("\n") == 2
 
 
