@@ -167,7 +167,7 @@ def test_auto_compiles_a_4bit_cpu_targets_steps_in_the_background(monkeypatch, t
     test_compiled_runner compiles in the background for real.)"""
     from specdec_core.decoding.compiled import COMPILED_DYNAMIC, CompiledSteps
     from specdec_core.decoding.helper_process import HelperCommand
-    from specdec_core.presets.loading import _cpu_runners
+    from specdec_core.presets.runners import _cpu_runners
     from tests.test_lean_layers import _stock_and_lean
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)

@@ -17,14 +17,15 @@ import torch
 from ..kernels.int4_linear import gguf_weight_summary
 from ..kernels.lean_layers import use_lean_layers
 from ..kernels.row_attention import use_row_exact_attention
-from ..decoding.helper_process import HelperCommand
 from .auto import choose_auto_preset
 from .compile_recipe import CompileRecipe, helper_command
 from .config import AUTO, ModelSpec, Preset, load_config
+from .heads import load_heads
 from .load_errors import load_errors
 from .loaded import LoadedModels, ModelInfo
 from .quiet import quietly
-from .sources import LoadError, ResolvedSource, cache_root, gguf_file, resolve, resolve_head
+from .runners import decode_runners
+from .sources import LoadError, ResolvedSource, gguf_file, resolve
 
 __all__ = ["load_plain_target", "load_preset"]
 
@@ -94,32 +95,18 @@ def load_preset(
         notes += _four_bit_steps(target)
     if load_eagle is None:
         load_eagle = preset.drafter in ("eagle", "hybrid")
-    eagle_head = eagle_problem = eagle_info = None
-    if preset.eagle is not None and load_eagle:  # before compiling: the compiled steps read its features
-        try:
-            eagle_head, eagle_info = _load_eagle_head(preset, target, tokenizer)
-        except LoadError as error:
-            eagle_problem = str(error)
-            notes.append(f"EAGLE head unavailable: {eagle_problem}")
     if load_medusa is None:
         load_medusa = preset.drafter == "medusa"
-    medusa_heads = medusa_problem = medusa_info = None
-    if preset.medusa is not None and load_medusa:  # before compiling too: the heads read the last layer's output
-        try:
-            medusa_heads, medusa_info = _load_medusa_heads(preset, target, tokenizer)
-        except LoadError as error:
-            medusa_problem = str(error)
-            notes.append(f"Medusa heads unavailable: {medusa_problem}")
+    # Before compiling: the compiled steps return the features the heads read.
+    heads = load_heads(preset, target, tokenizer, eagle=load_eagle, medusa=load_medusa)
+    notes += heads.notes
     setting = preset.compile if compile is None else compile
-    feature_layers = eagle_head.layer_ids if eagle_head is not None else ()
-    if medusa_heads is not None:  # the compiled steps return every feature a loaded drafter reads
-        feature_layers = tuple(sorted({*feature_layers, target.config.get_text_config().num_hidden_layers}))
     # A background compile runs in a helper process that loads this target as it was loaded here.
-    helper = helper_command(CompileRecipe(preset, load_eagle=eagle_head is not None,
-                                          load_medusa=medusa_heads is not None,
+    helper = helper_command(CompileRecipe(preset, load_eagle=heads.eagle is not None,
+                                          load_medusa=heads.medusa is not None,
                                           cpu_weights=weights)) if compile_in_background else None
-    target_runner, draft_runner = _decode_runners(preset, target, draft, setting, notes, feature_layers, helper)
-    info = [target_info, *info, *([eagle_info] if eagle_info else []), *([medusa_info] if medusa_info else [])]
+    target_runner, draft_runner = decode_runners(preset, target, draft, setting, notes, heads.feature_layers(target), helper)
+    info = [target_info, *info, *heads.info]
     for role, model, runner in (("target", target, target_runner), ("draft", draft, draft_runner)):
         if model is not None and runner is None:  # eager decoding; compiled steps pick their own kernels
             notes += _pack_for_cpu(role, model, info)
@@ -133,10 +120,10 @@ def load_preset(
         draft_tokenizer=draft_tokenizer,
         target_runner=target_runner,
         draft_runner=draft_runner,
-        eagle_head=eagle_head,
-        eagle_problem=eagle_problem,
-        medusa_heads=medusa_heads,
-        medusa_problem=medusa_problem,
+        eagle_head=heads.eagle,
+        eagle_problem=heads.eagle_problem,
+        medusa_heads=heads.medusa,
+        medusa_problem=heads.medusa_problem,
     )
 
 
@@ -154,157 +141,6 @@ def load_plain_target(name: str = AUTO, config_path=None, dtype: torch.dtype = t
     source, _ = _source_and_tokenizer(preset.target, preset)
     model, _ = _load_model(preset, "target", source, dtype, None, torch.cuda.is_available())
     return model
-
-
-def _load_eagle_head(preset: Preset, target, tokenizer):
-    """(head, ModelInfo): the preset's EAGLE head, read and checked against the target (placed on
-    its device, in its dtype). LoadError (one line) when it is missing, broken or doesn't fit."""
-    from ..drafters import Eagle3Head, EagleDrafter
-
-    started = time.perf_counter()
-    spec = preset.eagle
-    with load_errors(spec.label):
-        folder = resolve_head(spec)
-    head = Eagle3Head.load(folder, num_target_layers=target.config.get_text_config().num_hidden_layers)
-    EagleDrafter(head, source=spec.label).bind(target, tokenizer)  # checks the fit; moves it
-    parameters = head.parameter_count
-    quantization = _head_on_int4(head) if gguf_weight_summary(target) else "none"
-    memory = sum(t.numel() * t.element_size() for t in [*head.parameters(), *head.buffers()])
-    layers = ", ".join(str(i) for i in head.layer_ids)
-    info = ModelInfo(
-        role="eagle head",
-        name=spec.label,
-        parameters=parameters,
-        memory_bytes=memory,
-        device=str(head.device),
-        dtype=str(head.dtype).removeprefix("torch."),
-        quantization=quantization,
-        load_s=time.perf_counter() - started,
-        detail=f"draft vocabulary {head.draft_vocab_size:,} of {head.config.vocab_size:,} tokens, reads target layers {layers}",
-    )
-    return head, info
-
-
-def _load_medusa_heads(preset: Preset, target, tokenizer):
-    """(heads, ModelInfo): the preset's Medusa heads, read and checked against the target (placed
-    on its device, in its dtype). LoadError (one line) when they are missing, broken or don't fit."""
-    from ..drafters import MedusaDrafter, MedusaHeads
-
-    started = time.perf_counter()
-    spec = preset.medusa
-    with load_errors(spec.label):
-        folder = resolve_head(spec, "medusa")
-    heads = MedusaHeads.load(folder)
-    MedusaDrafter(heads, source=spec.label).bind(target, tokenizer)  # checks the fit; moves them
-    memory = sum(t.numel() * t.element_size() for t in heads.parameters())
-    readout = "own output layers" if heads.own_output else "read out through the target's lm_head"
-    if heads.draft_token_ids is not None:
-        readout += f" over a draft vocabulary of {len(heads.draft_token_ids):,} tokens"
-    info = ModelInfo(
-        role="medusa heads",
-        name=spec.label,
-        parameters=heads.parameter_count,
-        memory_bytes=memory,
-        device=str(heads.device),
-        dtype=str(heads.dtype).removeprefix("torch."),
-        quantization="none",
-        load_s=time.perf_counter() - started,
-        detail=f"{heads.num_heads} heads of {heads.num_layers} residual block(s), {readout}",
-    )
-    return heads, info
-
-
-def _head_on_int4(head) -> str:
-    """Run the head of a target on the 4-bit path on the same int4 kernel, from Q8_0 groups (of 32,
-    with a scale) of its own weights; its quantization as the models panel shows it. For the
-    offline preset's head a draft step costs a third of what it does as loaded, with the same
-    acceptance on the Spec-Bench questions; Q4_1 groups were faster still but kept fewer drafts
-    (docs/benchmarks.md). A layer the blocks can't hold
-    (a width not a multiple of 32) leaves the head as loaded."""
-    from ..kernels.int4_linear import GROUP, quantise_linear_layers
-
-    if any(isinstance(m, torch.nn.Linear) and m.in_features % GROUP for m in head.modules()):
-        return "none"
-    quantise_linear_layers(head, "Q8_0")
-    return "q8_0 on int4 kernels"
-
-
-def _decode_runners(preset: Preset, target, draft, setting: bool | str, notes: list[str],
-                    feature_layers: tuple[int, ...] = (), helper: HelperCommand | None = None):
-    """(target_runner, draft_runner): compiled steps when compiling is on, else None. `helper`
-    compiles a CPU target's steps in the background (None: no background compile).
-
-    On CUDA both models get a static cache and CUDA graphs (decoding/static.py), compiled and warmed
-    up for every step shape now (with a progress bar), so the first reply is not slow. On CPU
-    only the target's steps are compiled (_cpu_runners). A failure leaves that model eager: one
-    log line and one note say why.
-    """
-    from ..policy import MAX_DRAFT_LENGTH
-    from ..decoding.compiling import step_buckets, wants_compile
-    from ..decoding.static import DRAFT_STEP_SIZES, StaticSteps
-
-    if target.device.type == "cpu":
-        return _cpu_runners(target, draft, setting, notes, feature_layers, helper), None
-    if not wants_compile(setting, target.device):
-        return None, None
-    verify_sizes = step_buckets(max(MAX_DRAFT_LENGTH, preset.draft_length) + 1)  # 1 token, and k+1 padded up
-    runners = []
-    for role, model, sizes in (("target", target, verify_sizes), ("draft", draft, DRAFT_STEP_SIZES)):
-        if model is None:
-            runners.append(None)
-            continue
-        try:
-            layers = feature_layers if role == "target" else ()  # an EAGLE head reads the target's
-            steps = StaticSteps(model, step_sizes=sizes, name=role, feature_layers=layers)
-        except ValueError as error:  # a model the static cache can't serve (sliding window)
-            notes.append(f"{role}: decoding eagerly: {error}")
-            runners.append(None)
-            continue
-        runners.append(_noted(notes, role, steps))
-    return tuple(runners)
-
-
-def _cpu_runners(target, draft, setting: bool | str, notes: list[str], feature_layers: tuple[int, ...],
-                 helper: HelperCommand | None):
-    """The target's CompiledSteps on CPU (inductor's C++ wrapper on its growing cache), or None.
-
-    `compile: true` compiles them now. `auto` compiles a 4-bit target's steps (lean decoder
-    layers, where compiling pays most: 14.6 -> 8.4 ms a SmolLM2 step) in the background, in
-    `helper`'s process (stopped while replies decode): decoding starts eagerly at once and takes
-    the compiled steps from the first reply after they are ready, minutes later. Either way the steps also return the inputs of the target
-    layers `feature_layers` (an EAGLE head's), so its engines decode on them, and are kept in
-    specdec's cache folder, where a later start loads them in seconds. A draft stays eager.
-    """
-    from ..decoding.compiled import CPU_TREE_SIZES, CompiledSteps
-    from ..kernels.lean_layers import uses_lean_layers
-    from ..decoding.compiling import wants_compile
-
-    background = helper is not None and setting == "auto" and uses_lean_layers(target)
-    if not background and not wants_compile(setting, target.device):
-        return None
-    if draft is not None:
-        notes.append("draft: decoding eagerly (on CPU only the target's steps are compiled)")
-    kept = cache_root() / "compiled"
-    # Tree verify steps too (the tree-size policy's budgets), so tree drafters keep the compiled
-    # path, and replies the baseline's; only on row-exact attention, compiled after the chains.
-    if background:
-        steps = CompiledSteps(target, name="target", feature_layers=feature_layers, background=True, cache_dir=kept,
-                              tree_sizes=CPU_TREE_SIZES, helper=helper)
-        trees = f" ({len(steps.tree_sizes)} tree step shapes after them)" if steps.tree_sizes else ""
-        notes.append(f"target: compiling {len(steps.step_sizes)} step shapes in the background{trees}, decoding "
-                     "eagerly until then")
-        return steps
-    return _noted(notes, "target", CompiledSteps(target, name="target", feature_layers=feature_layers, cache_dir=kept,
-                                                 tree_sizes=CPU_TREE_SIZES))
-
-
-def _noted(notes: list[str], role: str, steps):
-    """A model's compiled steps (StaticSteps or CompiledSteps), with a note of how compiling went."""
-    if steps.fallback_reason:
-        notes.append(f"{role}: torch.compile failed, decoding eagerly ({steps.fallback_reason})")
-    else:
-        notes.append(f"{role}: compiled {len(steps.step_sizes)} step shapes in {steps.warmup_s:.0f} s")
-    return steps
 
 
 def _use_gguf_weights(spec: ModelSpec, model, info: ModelInfo) -> tuple[ModelInfo, list[str]]:
