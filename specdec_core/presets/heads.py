@@ -48,18 +48,21 @@ def load_heads(preset: Preset, target, tokenizer, *, eagle: bool, medusa: bool) 
     preset names one); a head that can't be loaded or doesn't fit leaves a note."""
     heads = LoadedHeads()
     if preset.eagle is not None and eagle:
-        try:
-            heads.eagle, heads.eagle_info = _load_eagle_head(preset, target, tokenizer)
-        except LoadError as error:
-            heads.eagle_problem = str(error)
-            heads.notes.append(f"EAGLE head unavailable: {heads.eagle_problem}")
+        heads.eagle, heads.eagle_info, heads.eagle_problem = _attempt(_load_eagle_head, "EAGLE head", preset, target,
+                                                                      tokenizer, heads.notes)
     if preset.medusa is not None and medusa:
-        try:
-            heads.medusa, heads.medusa_info = _load_medusa_heads(preset, target, tokenizer)
-        except LoadError as error:
-            heads.medusa_problem = str(error)
-            heads.notes.append(f"Medusa heads unavailable: {heads.medusa_problem}")
+        heads.medusa, heads.medusa_info, heads.medusa_problem = _attempt(_load_medusa_heads, "Medusa heads", preset,
+                                                                         target, tokenizer, heads.notes)
     return heads
+
+
+def _attempt(load, what: str, preset: Preset, target, tokenizer, notes: list[str]):
+    """(heads, info, None) as `load` gives them, or (None, None, the one-line problem) and a note."""
+    try:
+        return (*load(preset, target, tokenizer), None)
+    except LoadError as error:
+        notes.append(f"{what} unavailable: {error}")
+        return None, None, str(error)
 
 
 def _load_eagle_head(preset: Preset, target, tokenizer):
