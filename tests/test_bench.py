@@ -10,7 +10,8 @@ import pytest
 
 from specdec_core.bench import cli
 from specdec_core.bench import run as bench
-from specdec_core.bench.methods import LLAMACPP, METHODS, RunTotals, Run, available_methods, rounds_from_trace, timed_run
+from specdec_core.bench.methods import LLAMACPP, METHODS, available_methods, rounds_from_trace, timed_run
+from specdec_core.bench.runs import Run, RunTotals
 from specdec_core.bench.questions import DEFAULT_QUESTIONS, FAMILIES, MT_BENCH_CATEGORIES, load_questions
 from specdec_core.bench.theory_check import ProbedCosts, acceptance_probability, predicted_speedup
 from specdec_core.theory import expected_tokens as expected_tokens_per_round

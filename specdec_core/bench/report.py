@@ -14,12 +14,11 @@ from .methods import (
     OURS_BASELINE,
     OURS_LOOKUP,
     OURS_MODEL,
-    VLLM,
-    RunTotals,
-    Run,
 )
 from .questions import FAMILY_LABELS, Question
+from .runs import Run, RunTotals
 from .theory_check import ProbedCosts, theory_check
+from .vllm_server import VLLM
 
 OVERALL = "overall"
 

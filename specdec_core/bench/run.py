@@ -37,7 +37,6 @@ from .methods import (
     NEEDS_EAGLE_HEAD,
     NEEDS_MEDUSA_HEADS,
     VLLM_METHODS,
-    Run,
     VllmOptions,
     available_methods,
     close_methods,
@@ -48,6 +47,7 @@ from .methods import (
 from .vllm_server import parse_servers, vllm_python
 from ..presets.config import GGUF_KINDS
 from .questions import DEFAULT_QUESTIONS, Question, load_questions
+from .runs import Run
 from ..cli import EXIT_ERROR, inform  # noqa: F401  (EXIT_ERROR: an exit code)
 from .machine import (bandwidth_ceiling, gguf_bytes_per_step, load_average, machine, model_device,
                       safetensors_bytes_per_step, versions)

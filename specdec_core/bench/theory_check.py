@@ -16,7 +16,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from .methods import RunTotals
+from .runs import RunTotals
 from .cost_model import time_steps
 from ..drafters import find_continuation
 from ..decoding.eager import CachedModel
