@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--data-dtype", default="target")
     parser.add_argument("--passages", choices=PASSAGE_SOURCES, default=TrainSettings("", "").passages)
     parser.add_argument("--prompts", choices=("templates", "varied"), default=TrainSettings("", "").prompts)
+    parser.add_argument("--rewrite-heldout", type=int, metavar="N", help="the run's --rewrite-heldout: measure on the first "
+                        "N held-out shards the target wrote again (default: all)")
     parser.add_argument("--questions", default=str(Path(__file__).resolve().parents[2] / "shared/data/spec_bench_questions.jsonl"))
     parser.add_argument("--limit", type=int, default=10, help="Spec-Bench questions per family")
     parser.add_argument("--replies", help="where the target's replies to the prompt sets are kept (default WORK/prompt_sets)")
@@ -68,7 +70,7 @@ def main() -> None:
 
     settings = TrainSettings(args.preset, "-", work=args.work, shards=args.shards or 1, per_shard=args.per_shard,
                              seed=args.seed, data_dtype=args.data_dtype, passages=args.passages, prompts=args.prompts,
-                             k=args.k)
+                             rewrite_heldout=args.rewrite_heldout, k=args.k)
     models = load_preset(args.preset, load_draft=False, compile=False, load_eagle=False, load_medusa=False)
     target = models.target
     layers = target.config.num_hidden_layers

@@ -365,3 +365,35 @@ def test_a_held_out_reply_to_a_prompt_also_trained_on_is_not_measured(tmp_path, 
     prompts = [s.ids[: s.reply_start].tolist() for s in heldout]
     assert trained["prompt_ids"] not in prompts
     assert len(heldout) == sum(long_enough(r) and tuple(r["prompt_ids"]) not in trained_prompts for r in rows) > 0
+
+
+def test_rewrite_heldout_has_the_target_write_again_and_measure_only_the_first_held_out_shards(tmp_path, tiny_train_config):
+    # The 4-bit target writes a shard three times slower than its bf16 twin: a long run has it
+    # rewrite only the held-out shards it is measured on; the other held-out shards stay out of training.
+    from dataclasses import replace
+
+    from specdec_core.train.base import HELDOUT_BY_TARGET, load_split
+    from specdec_core.train.data import read_shard
+
+    settings = TrainSettings("tiny-train", str(tmp_path / "head"), config=str(tiny_train_config), data_dtype="bfloat16",
+                             **{**QUICK, "shards": 19, "per_shard": 2, "gen_batch": 2}, rewrite_heldout=1, data_only=True)
+    assert settings.rewritten_heldout == [8] and replace(settings, rewrite_heldout=None).rewritten_heldout == [8, 18]
+    train(settings)
+    work = Path(settings.work_dir)
+    assert sorted(path.name for path in (work / HELDOUT_BY_TARGET).glob("shard-*.jsonl")) == ["shard-00008.jsonl"]
+
+    tokenizer = load_preset("tiny-train", str(tiny_train_config), load_draft=False).tokenizer
+    train_set, heldout = load_split(settings, tokenizer)
+    rewritten = read_shard(work / HELDOUT_BY_TARGET / "shard-00008.jsonl")
+    measured = {tuple(s.ids[: s.reply_start].tolist()) for s in heldout}
+    assert heldout and [s.ids.tolist() for s in heldout] == [  # the target's own replies, of shard 8 only
+        r["prompt_ids"] + r["reply_ids"] for r in rewritten if tuple(r["prompt_ids"]) in measured]
+    shard_18 = {tuple(r["prompt_ids"] + r["reply_ids"]) for r in read_shard(work / "data" / "shard-00018.jsonl")}
+    assert not any(tuple(s.ids.tolist()) in shard_18 for s in train_set)  # still held out, though not measured
+
+
+def test_rewrite_heldout_without_a_cheaper_writer_is_refused_in_one_line(tmp_path, tiny_train_config, capsys):
+    assert main(["--preset", "tiny-train", "--config", str(tiny_train_config), "--out", str(tmp_path / "head"),
+                 "--rewrite-heldout", "1"]) != 0
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --rewrite-heldout needs --data-dtype other than target (the target wrote every shard already)"]

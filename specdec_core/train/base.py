@@ -36,7 +36,7 @@ SAVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": 
 # the head is measured on the replies its user gets.
 HELDOUT_BY_TARGET = "heldout_by_target"
 # Settings added after checkpoints were first written, with the value such a checkpoint ran with.
-SETTINGS_ADDED_LATER = {"prompts": "templates"}
+SETTINGS_ADDED_LATER = {"prompts": "templates", "rewrite_heldout": None}
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,10 @@ class RunSettings:
     # What writes the data: "target" (the target as it decodes) or "bfloat16" (its weights in bf16
     # on stock layers, see data_model: faster on CPUs with bf16 matrix units).
     data_dtype: str = "target"
+    # With such a writer, how many held-out shards (the first ones) the target writes again and the
+    # head is measured on; None: all. The rest stay out of training all the same. (The 4-bit
+    # SmolLM2 target writes a 256-prompt shard in about 9 minutes, the bf16 twin in 3.)
+    rewrite_heldout: int | None = None
     # What the trained matmuls run in: "bfloat16" autocasts them (weights, optimizer and loss stay
     # fp32): on a CPU with AMX an EAGLE head's matmuls run 4x faster and a whole step about 1.45x.
     train_dtype: str = "float32"
@@ -81,6 +85,12 @@ class RunSettings:
     def rewrites_heldout(self) -> bool:
         """Whether the held-out shards are written again by the target (see HELDOUT_BY_TARGET)."""
         return self.data_dtype != "target"
+
+    @property
+    def rewritten_heldout(self) -> list[int]:
+        """The held-out shards the head is measured on, written again by the target when it
+        rewrites them: the first `rewrite_heldout` (all when None)."""
+        return sorted(held_out_shards(self.shards))[: self.rewrite_heldout]
 
     @property
     def work_dir(self) -> Path:
@@ -116,7 +126,7 @@ def write_data(settings: RunSettings, target, tokenizer, layer_ids) -> None:
         generate_data(lambda: data_model(settings, target), tokenizer, data_dir, settings.data_settings, layer_ids,
                       progress=lambda done, total: bar.update(done - bar.n), writer=settings.data_dtype, report=bar.write)
     if settings.rewrites_heldout:
-        held = sorted(held_out_shards(settings.shards))
+        held = settings.rewritten_heldout
         with tqdm(total=len(held), desc="held-out shards by the target", unit="shard") as bar:
             generate_data(lambda: target, tokenizer, data_dir, settings.data_settings, layer_ids,
                           progress=lambda done, total: bar.update(done - bar.n), indices=held,
@@ -128,7 +138,7 @@ def load_split(settings: RunSettings, tokenizer) -> tuple[list[Sequence], list[S
     written by the target itself (see HELDOUT_BY_TARGET). Refuses data too small to split."""
     train_set, heldout = load_sequences(settings.work_dir / "data", settings.data_settings, tokenizer)
     if settings.rewrites_heldout:
-        heldout = same_prompts(settings.work_dir / HELDOUT_BY_TARGET, held_out_shards(settings.shards), heldout)
+        heldout = same_prompts(settings.work_dir / HELDOUT_BY_TARGET, settings.rewritten_heldout, heldout)
     if not train_set or not heldout:
         raise ValueError(f"{settings.shards} data shards leave no training or held-out sequences: use --shards 2 or more")
     return train_set, heldout
@@ -241,6 +251,9 @@ def add_run_arguments(p: argparse.ArgumentParser, d: RunSettings, what: str):
                            "second turns the target writes itself; see docs/training.md)")
     data.add_argument("--data-dtype", choices=["target", *sorted(DATA_DTYPES)], default=d.data_dtype,
                       help="what writes the data: the target as it decodes, or its weights in bf16 (faster on CPUs with AMX)")
+    data.add_argument("--rewrite-heldout", type=int, metavar="N",
+                      help="with --data-dtype other than target: the target writes only the first N held-out shards "
+                           "again, and the head is measured on those (default: all; the others stay out of training)")
     data.add_argument("--data-only", action="store_true", help="write the data shards and stop (rerun to resume)")
     run = p.add_argument_group("training")
     run.add_argument("--train-dtype", choices=sorted(TRAIN_DTYPES), default=d.train_dtype,
@@ -268,9 +281,11 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str], settings_type:
     args = parser.parse_args(argv)
 
     def command() -> int:
-        for name in (*POSITIVE, *positive):
-            if getattr(args, name) < 1:
+        for name in (*POSITIVE, *positive, "rewrite_heldout"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if args.rewrite_heldout is not None and args.data_dtype == "target":
+            raise ValueError("--rewrite-heldout needs --data-dtype other than target (the target wrote every shard already)")
         settings = settings_type(**vars(args), command=shlex.join([*parser.prog.split(), *argv]))
         summary = train_run(settings)
         if settings.data_only:

@@ -12,6 +12,15 @@ DATA_WRITERS = {  # --data-dtype: what wrote the replies and features
     "bfloat16": "the target's weights in bf16 on stock layers (`--data-dtype bfloat16`, for speed; see `base.data_model`)",
 }
 MARKERS = {"training.json", "train_work"}  # what only this trainer writes there
+PROMPT_SOURCES_TEXT = {  # --prompts: where the data's prompts come from
+    "templates": "from the trainer's offline prompt source (`specdec_core/train/prompts.py`: topic lists x "
+                 "instruction templates for conversation and role play, writing, QA, short facts, coding, translation "
+                 "both ways and math word problems, plus summarization, answer-from-this-passage and translation prompts "
+                 "over passages the target itself wrote).",
+    "varied": "of the trainer's varied mix (`--prompts varied`, `specdec_core/train/varied.py`: template prompts, short "
+              "chat, longer maths and rewriting, pasted human prose and standard-library code with a task, requests and "
+              "second turns the target writes itself; see docs/training.md).",
+}
 
 
 def check_out(out: Path, ours: set[str] = OURS) -> None:
@@ -50,19 +59,15 @@ def readme(summary: dict) -> str:
         "",
         "## Data recipe",
         "",
-        f"Self-distilled: the target's own replies (chat template, at most {s['max_new_tokens']} new tokens, batched "
-        f"`generate` with left padding; greedy, and sampled at temperature 0.7 and 1.0) to {s['shards']} shards x "
-        f"{s['per_shard']} prompts from the trainer's offline prompt source (`specdec_core/train/prompts.py`: topic lists x "
-        "instruction templates for conversation and role play, writing, QA, short facts, coding, translation both ways "
-        "and math word problems, plus summarization, "
-        "answer-from-this-passage and translation prompts over passages the target itself wrote). No Spec-Bench or "
-        "project bench question is among them (a test checks it).",
+        f"Self-distilled: the target's own replies (chat template, at most {s['max_new_tokens']} new tokens, written "
+        f"in batches on a static cache with left padding; greedy, and sampled at temperature 0.7 and 1.0) to {s['shards']} shards x "
+        f"{s['per_shard']} prompts {PROMPT_SOURCES_TEXT[s.get('prompts', 'templates')]} No Spec-Bench or project bench "
+        "question is among them (a test checks it).",
         "",
         f"- written by: {DATA_WRITERS[s.get('data_dtype', 'target')]}",
         f"- training: {data['train_sequences']} sequences, {data['train_reply_tokens']:,} reply tokens "
         f"({data['train_tokens']:,} with prompts); families {', '.join(f'{k} {v}' for k, v in data['families'].items())}",
-        "- held out: every tenth shard (greedy replies)"
-        + (", written again by the target itself with the same prompts" if s.get("data_dtype", "target") != "target" else "")
+        "- held out: every tenth shard (greedy replies)" + _rewritten(s)
         + f", {data['heldout_sequences']} sequences; acceptance is measured on its "
         f"{data['evaluated_sequences']} greedy replies",
         f"- draft vocabulary: the {data['draft_vocab_size']:,} tokens most frequent in the training replies; they cover "
@@ -102,3 +107,12 @@ def readme(summary: dict) -> str:
         lines.append(f"| {point['step']} | {point['epoch']:.2f} | {point['tokens']:,} | {point['by_position'][0]:.3f} | {point['mean_accepted']:.3f} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def _rewritten(s: dict) -> str:
+    """What the held-out line adds when a cheaper writer wrote the data: which held-out shards the
+    target wrote again (the head is measured on those)."""
+    if s.get("data_dtype", "target") == "target":
+        return ""
+    which = "the first {} of them".format(s["rewrite_heldout"]) if s.get("rewrite_heldout") else "they are"
+    return f", {which} written again by the target itself with the same prompts"
