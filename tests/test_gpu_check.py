@@ -21,6 +21,9 @@ def test_the_tiny_check_runs_every_part_and_writes_its_report(tmp_path):
     for path in ("eager", "compiled"):  # lossless on this device, every drafter, both paths
         for drafter in ("model", "prompt_lookup"):
             assert checks[f"{drafter}, {path}: greedy == ours-baseline (fp32)"]["status"] == gpu_check.PASS
+        for drafter in ("eagle", "medusa", "synthetic a=0.6"):  # trees, verified on the static cache's tree steps too
+            assert checks[f"{drafter} trees, {path}: greedy == ours-baseline (fp32)"]["status"] == gpu_check.PASS
+    assert checks["fp32 tree steps compiled"]["status"] == gpu_check.PASS
     assert checks["ours-baseline == HF generate (eager, fp32)"]["status"] == gpu_check.PASS
     # GPU-only targets are recorded as not run on the CPU, with what was measured
     assert checks["c <= 0.2 (compiled draft step / target step)"]["status"] == gpu_check.NOT_RUN

@@ -37,7 +37,9 @@ def decode_runners(preset: Preset, target, draft, setting: bool | str, notes: li
             continue
         try:
             layers = feature_layers if role == "target" else ()  # an EAGLE head reads the target's
-            steps = StaticSteps(model, step_sizes=sizes, name=role, feature_layers=layers)
+            # The target's steps verify tree drafts too (each tree size compiled at its first use),
+            # so tree drafters keep the baseline's path on the GPU as on the CPU.
+            steps = StaticSteps(model, step_sizes=sizes, name=role, feature_layers=layers, trees=role == "target")
         except ValueError as error:  # a model the static cache can't serve (sliding window)
             notes.append(f"{role}: decoding eagerly: {error}")
             runners.append(None)

@@ -1,5 +1,5 @@
 """The correctness part: in fp32 with TF32 off, greedy speculative output is plain decoding's,
-for every drafter, eager and compiled, and our plain decoding is Hugging Face's."""
+for every drafter, eager and compiled, chains and trees, and our plain decoding is Hugging Face's."""
 
 from __future__ import annotations
 
@@ -11,13 +11,17 @@ import torch
 from ...decoding.eager import CachedModel
 from ..architectures import random_model
 from ..machine import free_memory
+from ..synthetic import SyntheticDrafter
 from .fixtures import (eagle_drafter_missing, every_drafter, greedy, hf_greedy, make_engine,
-                       random_prompts, shallow_copy, tf32_off)
+                       random_prompts, shallow_copy, tf32_off, tree_drafters)
 from .part import Part, Scale
 
 
+TREE_NODES = 8  # a tree round's most nodes: the 9-token verify step holds the last token and 8
+
+
 def part_correctness(scale: Scale, part: Part, shared: dict, out: Path) -> str | None:
-    """fp32, TF32 off: every drafter, eager and compiled, gives plain decoding's tokens."""
+    """fp32, TF32 off: every drafter, eager and compiled, chains and trees, gives plain decoding's tokens."""
     from ...decoding.static import DRAFT_STEP_SIZES, StaticSteps
 
     with tf32_off():
@@ -32,8 +36,12 @@ def part_correctness(scale: Scale, part: Part, shared: dict, out: Path) -> str |
         compiled_steps = {}
         t0 = time.perf_counter()
         # Two target shapes (1 and 9, a verify of 1 + 4 padded up) and the draft's two keep compiling short.
+        # The target's steps as the loader builds them: they verify trees too (each tree size compiled
+        # at its first use) and return the features the heads read (CUDA graphs replay no hooks).
+        trees = tree_drafters(target)
+        layers = tuple(sorted({layer for drafter in trees.values() for layer in drafter.feature_layers}))
         compiled_steps["target"] = StaticSteps(target, step_sizes=(1, 9), progress=False, name="target fp32",
-                                               backend=scale.backend)
+                                               backend=scale.backend, trees=True, feature_layers=layers)
         compiled_steps["draft"] = StaticSteps(draft, step_sizes=DRAFT_STEP_SIZES, progress=False, name="draft fp32",
                                               backend=scale.backend)
         part.data["compile_s"] = round(time.perf_counter() - t0, 1)
@@ -57,6 +65,24 @@ def part_correctness(scale: Scale, part: Part, shared: dict, out: Path) -> str |
                 acceptance[f"{name} {path}"] = round(accepted / drafted, 3) if drafted else None
                 part.check(f"{name}, {path}: greedy == ours-baseline (fp32)", same == len(prompts),
                            f"{same}/{len(prompts)} prompts identical, acceptance {acceptance[f'{name} {path}']}")
+        # Random heads' trees are all rejected; the synthetic trees keep paths through later
+        # branches too, so accepted keys and values move in the cache (keep_rows).
+        trees["synthetic a=0.6"] = SyntheticDrafter(0.6, seed=3)
+        for path, target_runner in (("eager", CachedModel), ("compiled", compiled_steps["target"])):
+            for name, drafter in trees.items():
+                engine = make_engine(target, drafter, make_runner=target_runner)
+                same, tree_rounds, accepted = 0, 0, 0
+                for i, (p, expected) in enumerate(zip(prompts, plain)):
+                    if isinstance(drafter, SyntheticDrafter):
+                        drafter.set_reference(p + expected, seed=i)
+                    tokens, stats = greedy(engine, p, n, tree_nodes=TREE_NODES)
+                    same, tree_rounds = same + (tokens == expected), tree_rounds + stats.tree_rounds
+                    accepted += stats.accepted_tokens
+                part.check(f"{name} trees, {path}: greedy == ours-baseline (fp32)", same == len(prompts) and tree_rounds > 0,
+                           f"{same}/{len(prompts)} prompts identical, {tree_rounds} rounds verified a tree, "
+                           f"{accepted} draft tokens kept")
+        reason = compiled_steps["target"].tree_fallback_reason
+        part.check("fp32 tree steps compiled", reason is None, reason or compiled_steps["target"].decode_path)
         if eagle_drafter_missing():
             part.check("eagle: greedy == ours-baseline (fp32)", None, "EagleDrafter is not in this build")
         part.data["acceptance"] = acceptance

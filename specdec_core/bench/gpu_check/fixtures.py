@@ -44,9 +44,10 @@ def make_engine(target, drafter=None, make_runner=CachedModel, k: int = 4) -> Sp
                              make_runner=make_runner)
 
 
-def greedy(engine: SpeculativeEngine, prompt: list[int], tokens: int) -> tuple[list[int], object]:
+def greedy(engine: SpeculativeEngine, prompt: list[int], tokens: int, tree_nodes: int = 0) -> tuple[list[int], object]:
+    """A greedy reply and its stats; chains only unless `tree_nodes` (the most nodes a round verifies)."""
     engine.forget()
-    result = engine.generate(prompt, SamplingParams(max_new_tokens=tokens))
+    result = engine.generate(prompt, SamplingParams(max_new_tokens=tokens), tree_nodes)
     return result.token_ids, result.stats
 
 
@@ -70,6 +71,22 @@ def every_drafter(target, draft, make_draft_runner=CachedModel) -> dict[str, obj
     if eagle is not None:
         drafters["eagle"] = eagle
     return drafters
+
+
+def tree_drafters(target) -> dict[str, object]:
+    """The drafters that propose trees, with random heads of the target's shape: the EAGLE head's
+    dynamic trees and Medusa's candidate trees (each only where this build has it)."""
+    from ... import drafters
+
+    found = {}
+    eagle = eagle_drafter(target)
+    if eagle is not None:
+        found["eagle"] = eagle
+    if hasattr(drafters, "MedusaDrafter"):
+        text = target.config.get_text_config()
+        heads = drafters.MedusaHeads.random(3, 1, text.hidden_size)
+        found["medusa"] = drafters.MedusaDrafter(heads.to(device=target.device, dtype=target.dtype), text.num_hidden_layers)
+    return found
 
 
 def eagle_drafter(target):
