@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec_core.bench import ceiling, ceiling_report
-from specdec_core.bench.synthetic import SyntheticDrafter
+from specdec_core.bench.synthetic import SyntheticDrafter, SyntheticTreeDrafter
 from specdec_core.engine import SpeculativeEngine
 from specdec_core.sampling import SamplingParams
 from tests.tiny_models import tiny_llama
@@ -51,15 +51,19 @@ def test_it_drafts_nothing_past_the_reference_and_wrong_tokens_differ():
     assert drafter.propose([1, 2, 3, 99], 5, SamplingParams(), torch.Generator()).tokens == []
 
 
-def test_with_a_node_budget_each_chain_token_gets_a_sibling_holding_the_other_choice():
-    drafter = SyntheticDrafter(0.0)
+def test_the_tree_drafter_gives_each_chain_token_a_sibling_holding_the_other_choice():
+    chain = SyntheticDrafter(0.0)
+    chain.bind(tiny_llama(seed=0, vocab=100), None)
+    chain.set_reference([1, 2, 3, 4, 5])
+    assert chain.propose_tree([1, 2], 3, 5, SamplingParams(), torch.Generator()).parents is None  # the ceiling's: chains
+    drafter = SyntheticTreeDrafter(0.0)
     drafter.bind(tiny_llama(seed=0, vocab=100), None)
     drafter.set_reference([1, 2, 3, 4, 5])
     assert drafter.propose_tree([1, 2], 3, 0, SamplingParams(), torch.Generator()).parents is None  # no budget: the chain
     draft = drafter.propose_tree([1, 2], 3, 5, SamplingParams(), torch.Generator())
     # the chain 4, 5, 6 (all wrong: t + 1), then siblings holding the reference 3 and 4 while the budget lasts
     assert draft.tokens == [4, 5, 6, 3, 4] and draft.parents == [-1, 0, 1, -1, 0]
-    right = SyntheticDrafter(1.0)
+    right = SyntheticTreeDrafter(1.0)
     right.bind(tiny_llama(seed=0, vocab=100), None)
     right.set_reference([1, 2, 3, 4, 5])
     assert right.propose_tree([1, 2], 2, 4, SamplingParams(), torch.Generator()).tokens == [3, 4, 5, 6]  # decoys: t + 2
@@ -71,7 +75,7 @@ def test_greedy_tree_rounds_through_later_branches_give_the_baselines_tokens():
     params = SamplingParams(max_new_tokens=30)
     prompt = list(range(40, 52))
     reference = SpeculativeEngine(target, _Numbers()).generate(prompt, params).token_ids
-    drafter = SyntheticDrafter(0.5, seed=1)
+    drafter = SyntheticTreeDrafter(0.5, seed=1)
     engine = SpeculativeEngine(target, _Numbers(), drafter=drafter, draft_length=3, adaptive=False)
     drafter.set_reference(prompt + reference, seed=0)
     result = engine.generate(prompt, params, tree_nodes=6)

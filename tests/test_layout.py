@@ -90,8 +90,8 @@ def test_a_folder_imported_by_its_own_name_counts_as_that_folder():
 APP = PACKAGE.parent / "specdec_app"
 # Bottom up: pure formatting and flags, what an event reads and updates, one reply, where the
 # elements sit, what each control does (and build_ui), the package's face.
-APP_LAYERS = {"render": 0, "speedup": 1, "stops": 0, "settings": 2, "reply": 3, "layout": 4, "wiring": 5,
-              "__init__": 6}
+APP_LAYERS = {"render": 0, "speedup": 1, "stops": 0, "history": 2, "settings": 3, "reply": 4, "layout": 5, "wiring": 6,
+              "__init__": 7}
 
 
 def _app_imports(path: Path) -> list[str]:

@@ -68,23 +68,6 @@ class SyntheticDrafter(Drafter):
         self._pay(len(tokens))
         return Draft(tokens)
 
-    def propose_tree(
-        self, context: list[int], k: int, nodes: int, params: SamplingParams, generator: torch.Generator
-    ) -> Draft:
-        """With a budget of more nodes than the chain has: propose()'s chain, and beside each of
-        its tokens, while the budget lasts, a sibling holding the other choice (the reference
-        token where the chain's is wrong, a wrong one where it is right). The target then keeps
-        paths that leave the first branch, whose keys and values must move in its cache."""
-        chain = self.propose(context, k, params, generator).tokens
-        if nodes <= len(chain):
-            return Draft(chain)
-        tokens, parents = list(chain), list(range(-1, len(chain) - 1))
-        for depth, token in enumerate(chain[: nodes - len(chain)]):
-            right = self._reference[len(context) + depth]
-            tokens.append(right if token != right else (right + 2) % self._vocab)
-            parents.append(depth - 1)
-        return Draft(tokens, parents=parents)
-
     def _pay(self, tokens: int) -> None:
         seconds = self.cost_s * tokens
         if seconds <= 0:
@@ -95,3 +78,25 @@ class SyntheticDrafter(Drafter):
             until = time.perf_counter() + seconds
             while time.perf_counter() < until:
                 pass
+
+
+class SyntheticTreeDrafter(SyntheticDrafter):
+    """SyntheticDrafter's chain, and with a node budget trees: beside each chain token, while the
+    budget lasts, a sibling holding the other choice (the reference token where the chain's is
+    wrong, a wrong one where it is right). The target then keeps paths that leave the first
+    branch, whose keys and values must move in its cache: what the GPU check verifies trees with."""
+
+    name = "synthetic-tree"
+
+    def propose_tree(
+        self, context: list[int], k: int, nodes: int, params: SamplingParams, generator: torch.Generator
+    ) -> Draft:
+        chain = self.propose(context, k, params, generator).tokens
+        if nodes <= len(chain):
+            return Draft(chain)
+        tokens, parents = list(chain), list(range(-1, len(chain) - 1))
+        for depth, token in enumerate(chain[: nodes - len(chain)]):
+            right = self._reference[len(context) + depth]
+            tokens.append(right if token != right else (right + 2) % self._vocab)
+            parents.append(depth - 1)
+        return Draft(tokens, parents=parents)

@@ -11,7 +11,7 @@ import torch
 from ...decoding.eager import CachedModel
 from ..architectures import random_model
 from ..machine import free_memory
-from ..synthetic import SyntheticDrafter
+from ..synthetic import SyntheticTreeDrafter
 from .fixtures import (eagle_drafter_missing, every_drafter, greedy, hf_greedy, make_engine,
                        random_prompts, shallow_copy, tf32_off, tree_drafters)
 from .part import Part, Scale
@@ -67,13 +67,13 @@ def part_correctness(scale: Scale, part: Part, shared: dict, out: Path) -> str |
                            f"{same}/{len(prompts)} prompts identical, acceptance {acceptance[f'{name} {path}']}")
         # Random heads' trees are all rejected; the synthetic trees keep paths through later
         # branches too, so accepted keys and values move in the cache (keep_rows).
-        trees["synthetic a=0.6"] = SyntheticDrafter(0.6, seed=3)
+        trees["synthetic a=0.6"] = SyntheticTreeDrafter(0.6, seed=3)
         for path, target_runner in (("eager", CachedModel), ("compiled", compiled_steps["target"])):
             for name, drafter in trees.items():
                 engine = make_engine(target, drafter, make_runner=target_runner)
                 same, tree_rounds, accepted = 0, 0, 0
                 for i, (p, expected) in enumerate(zip(prompts, plain)):
-                    if isinstance(drafter, SyntheticDrafter):
+                    if isinstance(drafter, SyntheticTreeDrafter):
                         drafter.set_reference(p + expected, seed=i)
                     tokens, stats = greedy(engine, p, n, tree_nodes=TREE_NODES)
                     same, tree_rounds = same + (tokens == expected), tree_rounds + stats.tree_rounds
