@@ -60,6 +60,20 @@ def clear(page) -> None:
     page.wait_for_function("() => !document.querySelector('#chat .tok')", timeout=10_000)
 
 
+def record_texts(page, selector: str) -> None:
+    """From now on, keep every text `selector` shows, as each change of the page makes it."""
+    page.evaluate("""selector => {
+        const node = document.querySelector(selector);
+        window.__recorded = [node.innerText];
+        new MutationObserver(() => window.__recorded.push(node.innerText))
+            .observe(node, {subtree: true, childList: true, characterData: true});
+    }""", selector)
+
+
+def recorded_texts(page) -> list[str]:
+    return page.evaluate("() => window.__recorded")
+
+
 def reply_spans(page) -> list[dict]:
     """class, computed background colour and exact text of each token span of the last reply."""
     return page.locator(LAST_REPLY).locator(".tok").evaluate_all(
@@ -95,13 +109,14 @@ def browser_flow(page, url: str, shots: Path, message: str, max_new_tokens: int 
         page.get_by_role("option", name=drafter).click()
 
     # 1. Speculative reply: stats go live while it streams, then stay with the final numbers.
+    # Every state the panel shows is recorded as the page changes it: a tiny model's reply can
+    # stream whole between two polls of a loaded browser, and a poll would miss it went live.
     page.fill("#msg textarea", message)
+    record_texts(page, "#stats-text")
     page.click("#send")
     page.wait_for_function(
-        "() => { const t = document.querySelector('#stats-text').innerText;"
-        " return t.includes('generating') && t.includes('Tokens/s'); }", timeout=TIMEOUT_MS)
-    page.wait_for_function(
         "() => /· done/.test(document.querySelector('#stats-text').innerText)", timeout=TIMEOUT_MS)
+    assert any("generating" in t and "Tokens/s" in t for t in recorded_texts(page)), recorded_texts(page)[:5]
     text = check_spans(reply_spans(page))
     if expected_reply is not None:
         assert text == expected_reply  # exactly what the engine generated, in the real browser
