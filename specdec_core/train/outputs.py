@@ -114,5 +114,5 @@ def _rewritten(s: dict) -> str:
     target wrote again (the head is measured on those)."""
     if s.get("data_dtype", "target") == "target":
         return ""
-    which = "the first {} of them".format(s["rewrite_heldout"]) if s.get("rewrite_heldout") else "they are"
+    which = f"the first {s['rewrite_heldout']} of them" if s.get("rewrite_heldout") else "they are"
     return f", {which} written again by the target itself with the same prompts"

@@ -11,7 +11,7 @@ import torch
 from ...decoding.eager import CachedModel
 from ..architectures import random_model
 from ..machine import free_memory
-from ..synthetic import SyntheticTreeDrafter
+from ..synthetic import SyntheticDrafter, SyntheticTreeDrafter
 from .fixtures import (eagle_drafter_missing, every_drafter, greedy, hf_greedy, make_engine,
                        random_prompts, shallow_copy, tf32_off, tree_drafters)
 from .part import Part, Scale
@@ -36,8 +36,8 @@ def part_correctness(scale: Scale, part: Part, shared: dict, out: Path) -> str |
         compiled_steps = {}
         t0 = time.perf_counter()
         # Two target shapes (1 and 9, a verify of 1 + 4 padded up) and the draft's two keep compiling short.
-        # The target's steps as the loader builds them: they verify trees too (each tree size compiled
-        # at its first use) and return the features the heads read (CUDA graphs replay no hooks).
+        # The target's steps verify trees too, as the loader builds them (each tree size compiled at
+        # its first use), and return the features the heads read (CUDA graphs replay no hooks).
         trees = tree_drafters(target)
         layers = tuple(sorted({layer for drafter in trees.values() for layer in drafter.feature_layers}))
         compiled_steps["target"] = StaticSteps(target, step_sizes=(1, 9), progress=False, name="target fp32",
@@ -57,11 +57,7 @@ def part_correctness(scale: Scale, part: Part, shared: dict, out: Path) -> str |
                                                   ("compiled", compiled_steps["target"], compiled_steps["draft"])):
             for name, drafter in every_drafter(target, draft, draft_runner).items():
                 engine = make_engine(target, drafter, make_runner=target_runner)
-                same, drafted, accepted = 0, 0, 0
-                for p, expected in zip(prompts, plain):
-                    tokens, stats = greedy(engine, p, n)
-                    same += tokens == expected
-                    drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
+                same, drafted, accepted, _ = _replies_against(plain, engine, drafter, prompts, n)
                 acceptance[f"{name} {path}"] = round(accepted / drafted, 3) if drafted else None
                 part.check(f"{name}, {path}: greedy == ours-baseline (fp32)", same == len(prompts),
                            f"{same}/{len(prompts)} prompts identical, acceptance {acceptance[f'{name} {path}']}")
@@ -71,13 +67,7 @@ def part_correctness(scale: Scale, part: Part, shared: dict, out: Path) -> str |
         for path, target_runner in (("eager", CachedModel), ("compiled", compiled_steps["target"])):
             for name, drafter in trees.items():
                 engine = make_engine(target, drafter, make_runner=target_runner)
-                same, tree_rounds, accepted = 0, 0, 0
-                for i, (p, expected) in enumerate(zip(prompts, plain)):
-                    if isinstance(drafter, SyntheticTreeDrafter):
-                        drafter.set_reference(p + expected, seed=i)
-                    tokens, stats = greedy(engine, p, n, tree_nodes=TREE_NODES)
-                    same, tree_rounds = same + (tokens == expected), tree_rounds + stats.tree_rounds
-                    accepted += stats.accepted_tokens
+                same, _, accepted, tree_rounds = _replies_against(plain, engine, drafter, prompts, n, TREE_NODES)
                 part.check(f"{name} trees, {path}: greedy == ours-baseline (fp32)", same == len(prompts) and tree_rounds > 0,
                            f"{same}/{len(prompts)} prompts identical, {tree_rounds} rounds verified a tree, "
                            f"{accepted} draft tokens kept")
@@ -89,3 +79,19 @@ def part_correctness(scale: Scale, part: Part, shared: dict, out: Path) -> str |
     del target, draft, compiled_steps
     free_memory()
     return None
+
+
+def _replies_against(plain: list[list[int]], engine, drafter, prompts: list[list[int]], n: int,
+                     tree_nodes: int = 0) -> tuple[int, int, int, int]:
+    """The engine's greedy replies to the prompts against plain decoding's: (replies identical,
+    draft tokens drafted, kept, rounds that verified a tree). A synthetic drafter is handed
+    each prompt's plain reply first, as its reference."""
+    same = drafted = accepted = tree_rounds = 0
+    for i, (prompt, expected) in enumerate(zip(prompts, plain)):
+        if isinstance(drafter, SyntheticDrafter):
+            drafter.set_reference(prompt + expected, seed=i)
+        tokens, stats = greedy(engine, prompt, n, tree_nodes)
+        same += tokens == expected
+        drafted, accepted = drafted + stats.drafted_tokens, accepted + stats.accepted_tokens
+        tree_rounds += stats.tree_rounds
+    return same, drafted, accepted, tree_rounds
