@@ -294,12 +294,19 @@ def test_side_by_side_sampling_says_outputs_differ_by_design(client):
 
 
 def start_long_reply(client, forwards):
-    """A baseline reply long enough to stop midway; returns once 20 target forwards have run."""
+    """A baseline reply long enough to stop midway; returns once 20 target forwards have run and
+    the client has been streamed a view with reply tokens (before that, the session's history
+    holds no reply yet, and Stop rightly says it stopped before the reply started)."""
     job = send(client, "Go on and on", baseline=True, max_new_tokens=450)
-    while len(forwards) < 20:
+    while len(forwards) < 20 or not any(_reply_streamed(view) for view in job.outputs()):
         assert not job.done(), "the generation ended before it could be stopped"
         time.sleep(0.01)
     return job
+
+
+def _reply_streamed(view) -> bool:
+    chat = dict(zip(OUT, view))["chat"]
+    return bool(chat) and chat[-1]["role"] == "assistant" and bool(token_spans(chat[-1]))
 
 
 def test_stop_ends_the_work_and_the_next_message_works(app_server, client):
