@@ -3,7 +3,9 @@ for a preset's target (specdec_core/train/medusa.py), on the EAGLE trainer's dat
 
 import sys
 
+from .train.base import keep_freed_memory
 from .train.medusa_cli import main
 
 if __name__ == "__main__":
+    keep_freed_memory()  # this process is a trainer's: see base.keep_freed_memory
     sys.exit(main())
