@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from specdec_core.drafters.eagle_head import Eagle3Head  # noqa: E402
+from specdec_core.train.base import keep_freed_memory  # noqa: E402
 from specdec_core.train.dataset import Sequence, make_batch  # noqa: E402
 from specdec_core.train.ttt import ttt_loss  # noqa: E402
 
@@ -57,6 +58,7 @@ def main() -> None:
     p.add_argument("--ttt-steps", type=int, default=3)
     p.add_argument("--train-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     args = p.parse_args()
+    keep_freed_memory()  # as the trainers' processes do
     torch.set_num_threads(args.threads)
     head = Eagle3Head.load(args.head).float().train()
     hidden, vocab = head.config.hidden_size, head.config.vocab_size
