@@ -158,8 +158,12 @@ def stop_flow(page, shots: Path) -> None:
     set_number(page, "max-new-tokens", 450)
     page.fill("#msg textarea", "Keep going for a long time")
     page.click("#send")
+    # Stop once the reply has begun streaming (the chat was cleared: any token span is this
+    # reply's). Stopped earlier, while the prompt is read, the panel rightly says it stopped
+    # before the reply started and puts the message back in the box: not this flow.
     page.wait_for_function(
-        "() => document.querySelector('#stats-text').innerText.includes('generating')", timeout=TIMEOUT_MS)
+        "() => document.querySelector('#stats-text').innerText.includes('generating')"
+        " && document.querySelector('#chat .tok') !== null", timeout=TIMEOUT_MS)
     page.click("#stop")
     # 60 s: under CI's two workers a real model compiling beside this server delayed the panel
     # past 10 s; a stop that came too late still fails (the panel then says done, never stopped).
