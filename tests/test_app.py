@@ -298,14 +298,15 @@ def start_long_reply(client, forwards):
     the client has been streamed a view with reply tokens (before that, the session's history
     holds no reply yet, and Stop rightly says it stopped before the reply started)."""
     job = send(client, "Go on and on", baseline=True, max_new_tokens=450)
-    while len(forwards) < 20 or not any(_reply_streamed(view) for view in job.outputs()):
+    while len(forwards) < 20 or not _reply_streamed(job.outputs()[-1:]):
         assert not job.done(), "the generation ended before it could be stopped"
         time.sleep(0.01)
     return job
 
 
-def _reply_streamed(view) -> bool:
-    chat = dict(zip(OUT, view))["chat"]
+def _reply_streamed(latest: list) -> bool:
+    """Whether the latest streamed view (none yet: []) shows reply tokens; every later one does too."""
+    chat = dict(zip(OUT, latest[0]))["chat"] if latest else []
     return bool(chat) and chat[-1]["role"] == "assistant" and bool(token_spans(chat[-1]))
 
 
