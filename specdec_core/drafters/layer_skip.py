@@ -45,8 +45,12 @@ CALIBRATION_TEXT = (
     "pigment that captures sunlight. As the chlorophyll breaks down,"
 )
 CALIBRATION_TOKENS = 32  # greedy tokens of the target compared with each candidate's
-# 1-token steps timed per candidate; each time kept is the quickest of its tries. On CPU the
-# calibration times the steps on one thread, in that thread's CPU time: on a shared machine the
+# Timing: every timed forward (the target's 1-token step, its verify forwards, each candidate's
+# draft step) runs once per round, all of them in each round, and each keeps the quickest of its
+# rounds. Interleaved so that a burst of someone else's work slows every candidate alike: timed
+# one candidate after another, a burst that covered one candidate's tries put early exit at half
+# the layers at 1.19x a target step and a 5-in-6 subset at 0.42x (a CI run on 2 shared cores).
+# On CPU the calibration times on one thread, in that thread's CPU time: on a shared machine the
 # wall clock measures whoever else runs, and so does the process's CPU time with two threads, which
 # spin at each barrier while the other waits for a core (two calibrations of the offline preset on
 # 2 busy cores put the draft step at 0.07x and at 4x a target step by the wall clock, and verify
@@ -54,7 +58,7 @@ CALIBRATION_TOKENS = 32  # greedy tokens of the target compared with each candid
 # from one thread to two (the same operators on the same rows); a verify step's is higher on one
 # thread (the 4-bit target's 5-token verify: 1.9x a step, against 1.6x on two), which errs on the
 # side of not drafting.
-_TIMED_STEPS = 8
+_TIMED_ROUNDS = 5
 # A subset must promise this much over plain decoding to draft at all (as the draft policy asks:
 # the estimates are noisy, and a marginal gain predicted from them is as likely a loss).
 MIN_SPEEDUP = 1.05
@@ -250,7 +254,7 @@ class LayerSkipDrafter(Drafter):
 
 @contextmanager
 def _step_clock(model):
-    """The clock the calibration times `model`'s steps with (see _TIMED_STEPS): on CPU one torch
+    """The clock the calibration times `model`'s steps with (see _TIMED_ROUNDS): on CPU one torch
     thread and its CPU time while it runs, on an accelerator the wall clock."""
     if model.device.type != "cpu":
         yield time.perf_counter
@@ -268,65 +272,74 @@ def calibrate(target, tokenizer, patterns: list[SkipPattern] | None = None,
               new_tokens: int = CALIBRATION_TOKENS) -> Calibration:
     """Score each candidate subset on CALIBRATION_TEXT (module docstring) and pick the best."""
     started = time.perf_counter()
+    cpu_started = time.thread_time()
     layers = _layer_count(target)
     patterns = patterns or candidate_patterns(layers)
     plain = untapped(target)  # the target's own forwards here must not fill an engine's taps
     prompt = tokenizer(CALIBRATION_TEXT)["input_ids"]
-    cpu_started = time.thread_time()
+    target_runner, continuation = _greedy_continuation(plain, prompt, new_tokens)
+    draft_runners = [CachedModel(skipping_model(target, pattern.kept)) for pattern in patterns]
+    acceptances = [_acceptance(runner, prompt, continuation) for runner in draft_runners]
     with _step_clock(target) as clock:
-        continuation, step_s = _greedy_continuation(plain, prompt, new_tokens, clock)
-        verify_cost = _verify_costs(plain, prompt + continuation, step_s, clock)
-        scores = tuple(_score(target, pattern, prompt, continuation, step_s, verify_cost, clock) for pattern in patterns)
+        verify_s, draft_s = _timed_rounds(target_runner, draft_runners, prompt + continuation, clock)
+    step_s = verify_s[1]
+    verify_cost = {tokens: max(seconds / step_s, 1.0)  # never cheaper than a step (noise)
+                   for tokens, seconds in verify_s.items() if tokens > 1}
+    scores = tuple(_score(pattern, acceptance, seconds / step_s, verify_cost)
+                   for pattern, acceptance, seconds in zip(patterns, acceptances, draft_s))
     best = max(scores, key=lambda score: score.speedup)
     return Calibration(layers=layers, scores=scores, chosen=best if best.speedup >= MIN_SPEEDUP else None,
                        target_step_s=step_s, verify_cost=verify_cost, seconds=time.perf_counter() - started,
                        cpu_seconds=time.thread_time() - cpu_started)
 
 
-def _greedy_continuation(model, prompt: list[int], count: int, clock) -> tuple[list[int], float]:
-    """The target's greedy tokens after `prompt`, and the quickest of its 1-token steps."""
+def _greedy_continuation(model, prompt: list[int], count: int) -> tuple[CachedModel, list[int]]:
+    """The target's greedy tokens after `prompt`, and its runner (holding all but the last)."""
     runner = CachedModel(model)
     logits = runner.forward(prompt, last_only=True)[-1]
-    tokens, times = [], []
-    for _ in range(count):
-        tokens.append(int(logits.argmax()))
-        began = clock()
+    tokens = [int(logits.argmax())]
+    while len(tokens) < count:
         logits = runner.forward(tokens[-1:], last_only=True)[-1]
-        times.append(clock() - began)
-    return tokens, min(times)
+        tokens.append(int(logits.argmax()))
+    return runner, tokens
 
 
-def _verify_costs(model, sequence: list[int], step_s: float, clock) -> dict[int, float]:
-    """A verify forward's time over `tokens` (the last token and its drafts) relative to a 1-token
-    step, for every length the drafter may use, measured on the end of `sequence`."""
-    runner = CachedModel(model)
-    start = len(sequence) - MAX_DRAFT_LENGTH - 1
-    runner.forward(sequence[:start], last_only=True)
-    costs = {}
-    for tokens in range(2, MAX_DRAFT_LENGTH + 2):
-        times = []
-        for _ in range(3):
-            began = clock()
-            runner.forward(sequence[start : start + tokens])
-            times.append(clock() - began)
-            runner.crop(start)
-        costs[tokens] = max(min(times) / step_s, 1.0)  # never cheaper than a step (noise)
-    return costs
-
-
-def _score(target, pattern: SkipPattern, prompt: list[int], continuation: list[int], step_s: float,
-           verify_cost: dict[int, float], clock) -> PatternScore:
-    runner = CachedModel(skipping_model(target, pattern.kept))
-    sequence = prompt + continuation
-    logits = runner.forward(sequence[:-1])
+def _acceptance(runner: CachedModel, prompt: list[int], continuation: list[int]) -> float:
+    """How often a draft model's greedy token is the target's over `continuation`, teacher-forced
+    (its runner then holds all but the continuation's last token)."""
+    logits = runner.forward(prompt + continuation[:-1])
     guesses = logits[len(prompt) - 1 :].argmax(-1).tolist()
-    acceptance = sum(g == t for g, t in zip(guesses, continuation)) / len(continuation)
-    times = []
-    for token in continuation[:_TIMED_STEPS]:  # 1-token steps at the end of the sequence
+    return sum(g == t for g, t in zip(guesses, continuation)) / len(continuation)
+
+
+def _timed_rounds(target: CachedModel, drafts: list[CachedModel], sequence: list[int],
+                  clock) -> tuple[dict[int, float], list[float]]:
+    """The quickest time, over _TIMED_ROUNDS interleaved rounds, of the target's forward over 1 to
+    MAX_DRAFT_LENGTH + 1 tokens (a step, then the last token and its drafts) and of each draft
+    model's 1-token step, all at the end of `sequence` (which the runners hold, but its last
+    token); each forward is cropped off again."""
+    start = len(sequence) - MAX_DRAFT_LENGTH - 1
+    for runner in (target, *drafts):
+        runner.crop(start)
+
+    def timed(runner: CachedModel, tokens: int) -> float:
         began = clock()
-        runner.forward([token], last_only=True)
-        times.append(clock() - began)
-    cost = min(times) / step_s
+        runner.forward(sequence[start : start + tokens], last_only=tokens == 1)
+        seconds = clock() - began
+        runner.crop(start)
+        return seconds
+
+    verify_s = {tokens: float("inf") for tokens in range(1, MAX_DRAFT_LENGTH + 2)}
+    draft_s = [float("inf")] * len(drafts)
+    for _ in range(_TIMED_ROUNDS):
+        for tokens in verify_s:
+            verify_s[tokens] = min(verify_s[tokens], timed(target, tokens))
+        for index, runner in enumerate(drafts):
+            draft_s[index] = min(draft_s[index], timed(runner, 1))
+    return verify_s, draft_s
+
+
+def _score(pattern: SkipPattern, acceptance: float, cost: float, verify_cost: dict[int, float]) -> PatternScore:
     speedup, length = max(
         (expected_tokens(acceptance, g) / (g * cost + verify_cost[g + 1]), g) for g in range(1, MAX_DRAFT_LENGTH + 1))
     return PatternScore(pattern, acceptance, cost, length, speedup)
