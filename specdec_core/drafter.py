@@ -59,6 +59,25 @@ class Draft:
             return len(self.tokens)
         return max(row_depths(self.parents))
 
+    def first_ranked_line(self, path: list[int]) -> tuple[int, int]:
+        """The draft's first-ranked line (the root's first child, that node's first child, and
+        so on: the chain a chain round would have drafted, children being in the order the
+        acceptance rules try them) as (its length, how many of its tokens the accepted `path`
+        kept). A chain is its own line."""
+        if self.parents is None:
+            return len(self.tokens), len(path)
+        first_child: dict[int, int] = {}
+        for node, parent in enumerate(self.parents):
+            first_child.setdefault(parent, node)
+        line, node = [], first_child.get(-1)
+        while node is not None:
+            line.append(node)
+            node = first_child.get(node)
+        kept = 0
+        while kept < min(len(line), len(path)) and line[kept] == path[kept]:
+            kept += 1
+        return len(line), kept
+
     def is_leaf(self, node: int) -> bool:
         """Whether no token of the draft follows `node` (-1: the last token, a leaf of an empty draft)."""
         if self.parents is None:

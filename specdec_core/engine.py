@@ -202,7 +202,7 @@ class SpeculativeEngine:
         context, policy = call.context, call.policy
         lag = self.drafter.lag(context)
         room = call.output.remaining - 1  # the round's own token takes one: never past max_new_tokens
-        k = policy.next_draft_length(room, lag)
+        k = policy.next_draft_length(room, lag, call.tree_nodes)
         if k > 0 and lag > 0:
             self._catch_up_drafter(call, lag)
         started = time.perf_counter()
@@ -226,7 +226,8 @@ class SpeculativeEngine:
         # A tree round is kept as verified (its nodes, path and closing token): the app draws it.
         tree = (TreeRound(tuple(draft.tokens), tuple(draft.parents), tuple(path), token, sources[-1])
                 if draft.parents is not None and draft.tokens else None)
-        policy.update(len(draft.tokens), n, drafted - started, verified - drafted, depth=tree_depth)
+        policy.update(len(draft.tokens), n, drafted - started, verified - drafted, depth=tree_depth,
+                      line=draft.first_ranked_line(path))
         self.stats.record_round(len(draft.tokens), n, drafted - started, verified - drafted, tree_depth=tree_depth,
                                 tree=tree)
         self.stats.draft_length = policy.k

@@ -5,10 +5,10 @@ Two layers:
   accepted raises k by one, one under `lower_below` lowers it by one, within [lowest, highest];
 - measured costs decide whether a round should draft: with the acceptance seen so far (by draft
   position, and estimated apart within streaks of fully kept drafts and after misses, as copying
-  comes in streaks) and the measured draft and verify times, a round of k' <= k drafts must
-  promise 5% more tokens per second than a plain decoding step, and the tokens left must repay the
-  drafter's catch-up (reading a new prompt, or what it missed while paused). If no length pays,
-  the engine decodes plainly. It probes again (drafts once, at the length that would pay most,
+  comes in streaks) and the measured draft and verify times, a chain of k' <= k drafts, or a
+  tree where one was measured faster (tree_size.py), must promise MIN_GAIN more tokens per second
+  than a plain decoding step, and the tokens left must repay the drafter's catch-up (reading a
+  new prompt, or what it missed while paused). If nothing pays, the engine decodes plainly. It probes again (drafts once, at the length that would pay most,
   to re-measure) when the time saved for exploration covers what the probe is expected to lose:
   each plain round puts a fixed share of its time aside, so probing a draft that doesn't pay
   never costs more than that share, however dear its catch-up.
@@ -26,15 +26,12 @@ from dataclasses import dataclass, field
 
 from ..theory import expected_tokens_by_length
 from .acceptance import AcceptanceByPosition
-from .bounds import DEFAULT_DRAFT_LENGTH, DRAFT_LENGTH_BOUNDS, MAX_DRAFT_LENGTH, MIN_DRAFT_LENGTH
+from .bounds import DEFAULT_DRAFT_LENGTH, DRAFT_LENGTH_BOUNDS, MAX_DRAFT_LENGTH, MIN_DRAFT_LENGTH, MIN_GAIN
 from .costs import StepCosts
 from .tree_size import TreeSizePolicy
 
 _EXPLORATION_SHARE = 0.02  # of plain decoding time, what probes of a non-paying draft may lose
 _CHEAP = 0.05  # a drafter costing under this share of a target step per token is "free"
-# Drafting must promise at least this speedup over a plain step: the estimates are noisy, and a
-# marginal gain predicted from them is as likely a loss.
-_MIN_GAIN = 1.05
 
 
 @dataclass
@@ -71,9 +68,10 @@ class DraftLengthPolicy:
         self.lowest, self.highest = min(self.lowest, self.k), max(self.highest, self.k)
         self.trees = TreeSizePolicy(self.costs, self.adaptive)  # sizes tree drafts by the same costs
 
-    def next_draft_length(self, room: int, lag: int = 0) -> int:
-        """Drafts to ask for this round (0: a plain step). `room`: tokens the reply may still
-        take (caps the draft); `lag`: tokens the drafter must read before it can propose."""
+    def next_draft_length(self, room: int, lag: int = 0, tree_nodes: int = 0) -> int:
+        """Drafts to ask for this round (0: a plain step); a tree round's depth. `room`: tokens
+        the reply may still take (caps the draft); `lag`: tokens the drafter must read before it
+        can propose; `tree_nodes`: the most nodes a tree may have this generation (0: chains)."""
         if room <= 0:
             return 0
         if not self.adaptive or not self.timed:
@@ -90,11 +88,17 @@ class DraftLengthPolicy:
         if rates is None or not self.costs.drafting_measured():
             return k_max  # nothing measured yet: try speculation
         fastest, tokens = self._fastest_length(rates)
-        pays = tokens / self._round_s(fastest) * self.costs.target(1) > _MIN_GAIN
+        # The best round on offer: the chain the acceptance by position prices, or, when one was
+        # measured faster, the fastest tree (k deep; its size is tree_budget's choice).
+        length, rate = fastest, tokens / self._round_s(fastest)
+        tree_rate = self.trees.fastest_tree_rate(tree_nodes)
+        if tree_rate > rate:
+            length, rate = k_max, tree_rate
+        pays = rate * self.costs.target(1) > MIN_GAIN
         if free:  # never paused: plain rounds keep its estimate current (observe_unverified)
-            return fastest if pays else 0
-        if pays and self._saving_s(fastest, tokens, room) > self.costs.catch_up(lag):
-            return fastest
+            return length if pays else 0
+        if pays and self._saving_s(rate, room) > self.costs.catch_up(lag):
+            return length
         # A probe, when it is due: the acceptance or the costs may have changed. At the length
         # that would pay most: for a weak drafter one draft, which is cheap and samples the
         # position that decides whether it pays (probing at k, a head right a third of the time
@@ -123,10 +127,16 @@ class DraftLengthPolicy:
         if self.adaptive:
             self.after_miss.add(accepted=int(first_draft_matched), drafted=1)
 
-    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float, depth: int | None = None) -> None:
+    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float, depth: int | None = None,
+               line: tuple[int, int] | None = None) -> None:
         """Learn from one round: its acceptance and its measured costs. A tree round drafted
-        `drafted` nodes (what its verify step cost is measured by) `depth` deep (what its
-        acceptance by position is counted over); a chain's depth is its length."""
+        `drafted` nodes (what its verify step cost is measured by) `depth` deep (what k follows)
+        and kept a path of `accepted`; `line` is its first-ranked line as (length, kept)
+        (Draft.first_ranked_line). The acceptance by position learns from that line only: it
+        prices chains, and a tree keeps a path more often than its best chain would (any sibling
+        may be kept). Counted from whole tree rounds, it priced chains at the tree's acceptance,
+        and rounds went on drafting 4-16 node trees that a chain's price had approved: 0.64x
+        plain decoding on compiled CPU steps. A chain's depth and line are its length."""
         self.costs.record_target(drafted + 1, verify_s)
         self.costs.record_draft(drafted, draft_s)
         if drafted:
@@ -138,9 +148,10 @@ class DraftLengthPolicy:
             self.in_streak = False
             return
         depth = drafted if depth is None else depth
+        line_length, line_kept = (depth, accepted) if line is None else line
         state = self.after_streak if self.in_streak else self.after_miss
-        state.add(accepted, depth, steady=not self.drafting_is_free())
-        self.in_streak = accepted == depth
+        state.add(line_kept, line_length, steady=not self.drafting_is_free())
+        self.in_streak = line_kept == line_length
         rate = accepted / depth
         if rate >= self.raise_at:
             self.k = min(self.k + 1, self.highest)
@@ -157,24 +168,24 @@ class DraftLengthPolicy:
 
     def tree_budget(self, allowed: int) -> int:
         """The node budget of this drafting round's tree, at most `allowed` (0: a chain), by the
-        measured tokens per second of each budget (tree_size.py)."""
+        measured tokens per second of each budget against a plain step's (tree_size.py)."""
         return self.trees.choose(allowed)
 
     def _round_s(self, k: int) -> float:
         """Measured (or interpolated) time of a round that drafts k tokens and verifies them."""
         return k * self.costs.draft_s_per_token + self.costs.target(k + 1)
 
-    def _saving_s(self, k: int, tokens: float, room: int) -> float:
-        """Time drafting k per round, `tokens` expected from each, saves over plain decoding on the
-        `room` tokens left."""
-        return room * (self.costs.target(1) - self._round_s(k) / tokens)
+    def _saving_s(self, rate: float, room: int) -> float:
+        """Time rounds giving `rate` tokens per second save over plain decoding on the `room`
+        tokens left."""
+        return room * (self.costs.target(1) - 1.0 / rate)
 
     def _probe_loss_s(self, k: int, tokens: float, lag: int) -> float:
         """What one probe of k drafts (`tokens` expected) is expected to cost beyond the plain
         steps it replaces, counting its tokens at the gain drafting must promise: a draft
         predicted to gain a little less than that would otherwise probe at no cost, that is every
         round."""
-        gained = tokens * self.costs.target(1) / _MIN_GAIN
+        gained = tokens * self.costs.target(1) / MIN_GAIN
         return self.costs.catch_up(lag) + max(self._round_s(k) - gained, 0.0)
 
     def _fastest_length(self, rates: list[float]) -> tuple[int, float]:

@@ -8,11 +8,14 @@ target verifies) is judged by what it was measured to give:
                            / (mean drafting seconds per round at B + verify step over the mean
                               nodes drafted at B + 1 tokens, from the measured step costs)
 
-and each drafting round takes the budget with the most. A budget not yet tried is tried first
-(the largest first: the request's or the runner's bound is what the user asked for), and every
-REVISIT-th round the budget tried longest ago is tried again, so a tree that stopped paying
-shrinks (to a chain, budget 0) and one that starts to pay grows back. Whether to draft at all
-is the draft-length policy's call; this one only sizes the drafts it allows.
+and each drafting round takes the budget with the most, of the chain (budget 0) and the trees
+that beat a plain step by MIN_GAIN: a tree that loses to plain decoding is never chosen for
+being better than the chain (that chain pays: the draft-length policy drafts only when one does,
+or when a tree was measured to, or to probe). A budget not yet tried is tried first (the largest
+first: the request's or the runner's bound is what the user asked for), and every REVISIT-th
+round the budget tried longest ago is tried again, so a tree that stopped paying shrinks (to a
+chain, budget 0) and one that starts to pay grows back. Whether to draft at all is the
+draft-length policy's call, which weighs the fastest tree (fastest_tree_rate) with the chain.
 
 Untimed (a seeded generation) or not adaptive: always the largest budget allowed, so the draws
 depend on the tokens alone.
@@ -23,6 +26,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from .bounds import MIN_GAIN
 from .costs import StepCosts
 
 LADDER = (4, 8, 16, 32, 64)  # node budgets tried besides 0 (a chain), within what the target verifies
@@ -71,7 +75,7 @@ class TreeSizePolicy:
         elif self._round % REVISIT == 0:
             self.chosen = min(options, key=lambda n: self._get(n).last_tried)
         else:
-            self.chosen = max(options, key=self.tokens_per_second)
+            self.chosen = max((n for n in options if n == 0 or self._pays(n)), key=self.tokens_per_second)
         self._get(self.chosen).last_tried = self._round
         return self.chosen
 
@@ -88,6 +92,15 @@ class TreeSizePolicy:
         if verify_s is None:
             return 0.0
         return measured.mean(0) / (measured.mean(1) + verify_s)
+
+    def fastest_tree_rate(self, allowed: int) -> float:
+        """The measured tokens per second of the fastest tree (budget > 0) within `allowed` that
+        beats a plain step by MIN_GAIN (0.0: none does, or none was measured)."""
+        return max((self.tokens_per_second(n) for n in self.options(allowed) if n and self._pays(n)), default=0.0)
+
+    def _pays(self, budget: int) -> bool:
+        step = self.costs.target(1)
+        return step is not None and self.tokens_per_second(budget) * step > MIN_GAIN
 
     def _get(self, budget: int) -> _Measured:
         return self._measured.setdefault(budget, _Measured())
