@@ -1,6 +1,7 @@
 """The draft lengths anyone may ask for (the engine, the app's slider, models.yaml and the API
-all read these bounds) and the gain drafting must promise; a verify step (the last token and its drafts) is one step of a decode path.
-(Adaptive drafting moves k within MIN/MAX_DRAFT_LENGTH, or up to the k asked.)"""
+all read these bounds) and the gain drafting must promise; a verify step (the last token and its
+drafts) is one step of a decode path. (Adaptive drafting moves k within MIN/MAX_DRAFT_LENGTH, or
+up to the k asked.)"""
 
 from ..decoding.base import MAX_STEP_TOKENS, MAX_TREE_NODES
 

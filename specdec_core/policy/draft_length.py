@@ -8,10 +8,11 @@ Two layers:
   comes in streaks) and the measured draft and verify times, a chain of k' <= k drafts, or a
   tree where one was measured faster (tree_size.py), must promise MIN_GAIN more tokens per second
   than a plain decoding step, and the tokens left must repay the drafter's catch-up (reading a
-  new prompt, or what it missed while paused). If nothing pays, the engine decodes plainly. It probes again (drafts once, at the length that would pay most,
-  to re-measure) when the time saved for exploration covers what the probe is expected to lose:
-  each plain round puts a fixed share of its time aside, so probing a draft that doesn't pay
-  never costs more than that share, however dear its catch-up.
+  new prompt, or what it missed while paused). If nothing pays, the engine decodes plainly. It
+  probes again (drafts once, at the length that would pay most, to re-measure) when the time
+  saved for exploration covers what the probe is expected to lose: each plain round puts a fixed
+  share of its time aside, so probing a draft that doesn't pay never costs more than that share,
+  however dear its catch-up.
   A drafter whose proposals cost next to nothing (prompt lookup) is never paused: each plain
   round still asks it, and whether its first token matched the target's keeps the acceptance
   estimate current, so drafting resumes as soon as copying does.
