@@ -152,6 +152,8 @@ def test_side_by_side_runs_baseline_then_speculative(client):
 SIDE_BY_SIDE = re.compile(r"\*\*Speedup: (\d+\.\d\d)× end to end · (\d+\.\d\d)× decode phase\*\*")
 READING = re.compile(r"Time to first token: baseline ([\d.]+) (ms|s) · speculative ([\d.]+) (ms|s)")
 READ_ALIKE = re.compile(r"both read (\d+) prompt tokens")
+RATES = re.compile(r"\(end to end: speculative ([\d.]+) tok/s vs baseline ([\d.]+) tok/s; "
+                   r"after the first token: ([\d.]+) vs ([\d.]+) tok/s\)")
 LONG_PRESET = """\
 auto_fallback: tiny-long
 presets:
@@ -193,10 +195,11 @@ def seconds_of(value: str, unit: str) -> float:
 @pytest.mark.parametrize("long_prompt", [False, True], ids=["short prompt", "long prompt"])
 def test_side_by_side_reads_the_prompt_alike_in_both_halves(long_context_server, smol_tokenizer, long_prompt):
     """Both halves read the same prompt tokens from the same cache state (the pane says how many,
-    as each half's engine counted them): their times to first token are of the same order, the
-    end-to-end speedup lies between 1 and the decode-phase one (the same prompt reading on both
-    sides only pulls it toward 1; the slack is for a shared machine's timing noise on replies of
-    16 tokens), and greedy stays identical."""
+    as each half's engine counted them), their times to first token are of the same order, each
+    speedup is the ratio of the rates it is shown with, and greedy stays identical. (The
+    end-to-end speedup also lay between 1 and the decode-phase one, but on replies of 16 tokens
+    one scheduler stall decides that: CI's two workers once stalled a short prompt's 1-token
+    read by about 125 ms, and a baseline of 209 ms showed 2.60x end to end against 1.06x.)"""
     words = "the river carries salt and stone past seven quiet towns where lamps burn late".split()
     message = " ".join(words[(i * 5) % len(words)] for i in range(800)) if long_prompt else "Say something."
     prompt = chat_prompt_ids(smol_tokenizer, [{"role": "user", "content": message}])
@@ -210,11 +213,13 @@ def test_side_by_side_reads_the_prompt_alike_in_both_halves(long_context_server,
         base_ttft, spec_ttft = seconds_of(base_ttft, base_unit), seconds_of(spec_ttft, spec_unit)
         read = int(READ_ALIKE.search(final["speedup"]).group(1))  # the same count on both sides
         assert read > 0 and (read > 700 or turn or not long_prompt), final["speedup"]  # read whole at first
-        # the same order: within a factor of 3 (or 100 ms apart: a scheduler's hiccup on a shared
-        # machine; CI's two workers once stalled a 1-token read 79 ms); unfairly read, the long
-        # prompt's were 122 ms and 6 ms (1.78x end to end, 1.09x decode)
-        assert max(base_ttft, spec_ttft) <= 3 * min(base_ttft, spec_ttft) + 0.1, final["speedup"]
-        assert min(1.0, decode) / 1.5 <= end_to_end <= max(1.0, decode) * 1.5, final["speedup"]
+        # the same order: within a factor of 3 (or 200 ms apart: a scheduler's stall on a shared
+        # machine; CI's two workers stalled a 1-token read 79 ms once, 125 ms another time);
+        # unfairly read, the long prompt's were 122 ms and 6 ms (1.78x end to end, 1.09x decode)
+        assert max(base_ttft, spec_ttft) <= 3 * min(base_ttft, spec_ttft) + 0.2, final["speedup"]
+        spec_rate, base_rate, spec_decode, base_decode = map(float, RATES.search(final["speedup"]).groups())
+        assert end_to_end == pytest.approx(spec_rate / base_rate, rel=0.02, abs=0.01), final["speedup"]
+        assert decode == pytest.approx(spec_decode / base_decode, rel=0.02, abs=0.01), final["speedup"]
         assert "outputs identical ✓" in final["speedup"]
         spec_text = "".join(t for _, t in token_spans(final["chat"][-1]))
         assert spec_text == "".join(t for _, t in token_spans(final["chat_baseline"][-1]))
