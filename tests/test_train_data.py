@@ -80,6 +80,23 @@ def test_the_same_seed_writes_the_same_shards(tmp_path, tiny, smol_tokenizer):
     assert shard_path(tmp_path / "c", 1).read_text() != shard_path(tmp_path / "a", 1).read_text()
 
 
+def test_a_shard_kept_without_its_features_gets_them_again_from_forwards(tmp_path, tiny, smol_tokenizer):
+    """Token files are kept where features (100x larger) are not: a rerun computes a missing
+    features file again, the same features generation captured, and leaves the tokens alone."""
+    settings = _varied(tmp_path, tiny, smol_tokenizer, "data", shards=2)
+    data = tmp_path / "data"
+    tokens, captured = shard_path(data, 1).read_text(), torch.load(features_path(data, 1))
+    features_path(data, 1).unlink()
+    generate_data(lambda: tiny, smol_tokenizer, data, settings, LAYERS)
+    assert shard_path(data, 1).read_text() == tokens
+    replayed = torch.load(features_path(data, 1))
+    assert len(replayed) == len(captured) == len(read_shard(shard_path(data, 1)))
+    for again, first in zip(replayed, captured):
+        for key in ("aux", "final"):
+            assert again[key].shape == first[key].shape
+            assert torch.allclose(again[key].float(), first[key].float(), atol=2e-3, rtol=1e-2)
+
+
 def test_varied_shards_mix_their_families_and_keep_held_out_conversations_out_of_training(tmp_path, tiny, smol_tokenizer):
     settings = _varied(tmp_path, tiny, smol_tokenizer, "data", shards=10)
     rows = [row for index in range(10) for row in read_shard(shard_path(tmp_path / "data", index))]

@@ -7,7 +7,10 @@ line: family, mode, prompt_ids, reply_ids) with the target's features beside it
 (`shard-00000.pt`: for each sequence, aux [n-1, 3H] and final [n-1, H] fp16, captured with hooks
 during generation itself, so no second target pass is needed). Each is written whole and then
 renamed into place, the .jsonl last, so a crash loses at most the shard in progress and a rerun
-continues after the last full shard.
+continues after the last full shard. A .jsonl kept without its .pt (the tokens are a hundredth
+of the features' size, small enough to keep where the features are not) gets its features again
+from teacher-forced forwards of the same writer (features.replayed_features), several times
+faster than writing the replies.
 Shard i > 0 also holds prompts built on passages the target wrote in shard i-1 (summarize,
 answer from it, translate it), so those families read the target's own text. With
 `passages="mixed"`, half of those passages are human prose instead (train.passages).
@@ -33,6 +36,7 @@ import torch
 from ..chat import chat_prompt_ids
 from . import varied
 from .batch_generate import generate_batch
+from .features import replayed_features
 from .passages import passage_pool
 from .prompts import Prompt, derived_prompts, direct_prompts
 
@@ -125,13 +129,25 @@ def generate_data(
             if report:
                 seconds, tokens = time.monotonic() - started, sum(len(row["reply_ids"]) for row in rows)
                 report(f"shard {index}: {len(rows)} replies, {tokens} reply tokens in {seconds:.0f} s ({tokens / seconds:.0f} tokens/s)")
-            temporary = features_path(out_dir, index).with_suffix(".pt.tmp")
-            torch.save(features, temporary)
-            os.replace(temporary, features_path(out_dir, index))
+            _write_features(out_dir, index, features)
             write_rows(path, rows)
+        elif not features_path(out_dir, index).exists():  # tokens kept without their features
+            model = model if model is not None else model_factory()
+            started = time.monotonic()
+            sequences = [row["prompt_ids"] + row["reply_ids"] for row in read_shard(path)]
+            _write_features(out_dir, index, replayed_features(model, sequences, layer_ids))
+            if report:
+                positions, seconds = sum(len(s) - 1 for s in sequences), time.monotonic() - started
+                report(f"shard {index}: features of {len(sequences)} kept replies again, {positions} positions in {seconds:.0f} s")
         if progress:
             progress(done, len(indices))
     return [shard_path(out_dir, index) for index in indices]
+
+
+def _write_features(out_dir: Path, index: int, features: list[dict]) -> None:
+    temporary = features_path(out_dir, index).with_suffix(".pt.tmp")
+    torch.save(features, temporary)
+    os.replace(temporary, features_path(out_dir, index))
 
 
 def _claim(out_dir: Path, recipe: dict) -> None:

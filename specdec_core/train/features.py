@@ -55,3 +55,27 @@ def sequence_features(model, ids: list[int], layer_ids: tuple[int, ...]) -> tupl
         model(input_ids=torch.tensor([ids]), use_cache=False)
     aux, final = calls[0]
     return aux[0], final[0]
+
+
+@torch.no_grad()
+def replayed_features(model, sequences: list[list[int]], layer_ids: tuple[int, ...], batch_size: int = 32) -> list[dict]:
+    """{"aux": [n-1, 3H], "final": [n-1, H]} fp16 for each token sequence (n tokens), from
+    teacher-forced forwards of its first n-1 tokens: what generation captures, computed again
+    (for shards whose token file outlived its features file). Batches of similar lengths,
+    right-padded: under causal attention a row's padding comes after its real positions, so
+    it changes none of them, and the positions count from 0 as they should."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    features: list[dict | None] = [None] * len(sequences)
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        width = max(len(sequences[i]) - 1 for i in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, i in enumerate(batch):
+            ids[row, : len(sequences[i]) - 1] = torch.tensor(sequences[i][:-1])
+        with capture_features(model, layer_ids) as calls:
+            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        aux, final = calls[0]
+        for row, i in enumerate(batch):
+            kept = len(sequences[i]) - 1
+            features[i] = {"aux": aux[row, :kept].clone(), "final": final[row, :kept].clone()}
+    return features
