@@ -11,12 +11,13 @@ import random
 import pytest
 import torch
 
-from specdec_core.train.batch_generate import generate_batch
-from specdec_core.train.data import DataSettings, eos_ids, features_path, generate_data, read_shard, shard_path
+from specdec_core.train.batch_generate import PREFILL_ROWS, generate_batch
+from specdec_core.train.data import GENERATOR, DataSettings, eos_ids, features_path, generate_data, read_shard, shard_path
 from specdec_core.train.dataset import load_sequences
 from specdec_core.train.features import sequence_features
 from specdec_core.train.prompt_sets import everyday_prompts, replies_to
 from specdec_core.train.varied import clean_request, is_new
+from specdec_core.kernels.row_attention import use_row_exact_attention
 from tests.tiny_models import tiny_llama
 
 LAYERS = (0, 1, 1)
@@ -38,13 +39,21 @@ def _alone(model, prompt: list[int], eos: list[int], new: int) -> list[int]:
     return reply[: next((i + 1 for i, t in enumerate(reply) if t in eos), len(reply))]
 
 
-def test_a_batch_writes_what_one_prompt_at_a_time_writes_with_a_fresh_forwards_features(tiny):
-    prompts, new = _prompts(10), 20
-    # eos: tokens some rows write early, so rows finish at different steps and leave the batch.
+@pytest.mark.parametrize("attention", ["sdpa", "row_exact"])
+def test_a_batch_writes_what_one_prompt_at_a_time_writes_with_a_fresh_forwards_features(tiny, attention):
+    """Also with the 4-bit target's row-exact attention, whose one-row steps attend to every
+    key unmasked: a batch down to its last writing row once read that row's left padding."""
+    if attention == "row_exact":
+        tiny = tiny_llama(seed=5, init=0.2).eval()
+        assert use_row_exact_attention(tiny) is None
+    prompts, new = _prompts(3 * PREFILL_ROWS + 5), 20  # the prompts are read in four chunks
+    # eos: a token each other row writes early and the first row never writes, so rows finish at
+    # different steps and leave the batch, and the first one writes its last tokens alone.
     free = [_alone(tiny, p, [], new) for p in prompts]
-    eos = sorted({free[0][3], free[1][6], free[2][1], free[3][10]})
+    eos = sorted({next((t for t in reply[:15] if t not in free[0]), free[0][0]) for reply in free[1:]} - set(free[0]))
     replies, features = generate_batch(tiny, prompts, max_new_tokens=new, eos=eos, pad=0, layer_ids=LAYERS)
     assert [len(r) for r in replies] != [new] * len(prompts)  # some rows did finish early
+    assert sorted(len(r) for r in replies)[-2] < new  # and one row wrote its last tokens alone
     for prompt, reply, feature in zip(prompts, replies, features):
         assert reply == _alone(tiny, prompt, eos, new)
         aux, final = sequence_features(tiny, (prompt + reply)[:-1], LAYERS)
@@ -126,7 +135,7 @@ def test_a_request_the_target_writes_is_kept_only_when_it_reads_as_a_new_request
 def test_rows_of_a_varied_shard_say_what_the_next_shard_reads(tmp_path, tiny, smol_tokenizer):
     _varied(tmp_path, tiny, smol_tokenizer, "data", shards=1)
     recipe = json.loads((tmp_path / "data" / "data_settings.json").read_text())
-    assert recipe["prompts"] == "varied" and recipe["generator"] == "static-batch"
+    assert recipe["prompts"] == "varied" and recipe["generator"] == GENERATOR
     assert all(row["text"] for row in read_shard(shard_path(tmp_path / "data", 0)))
 
 

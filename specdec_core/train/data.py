@@ -46,10 +46,11 @@ PASSAGE_TOKENS = 160  # a passage longer than this is cut (at a sentence end whe
 PASSAGE_SOURCES = ("target", "mixed")  # passages the target wrote; half of them human prose instead
 SETTINGS_FILE = "data_settings.json"  # what a folder's shards were written with
 PROMPT_SOURCES = ("templates", "varied")  # prompts.py alone, or varied.py's mix
-# What writes a batch's replies, recorded with a folder's recipe: "static-batch" is
-# batch_generate; folders from before it were written by `model.generate` (its sampled replies
-# differ for the same seed).
-GENERATOR = "static-batch"
+# What writes a batch's replies, recorded with a folder's recipe: "chunked-prefill" is
+# batch_generate reading prompts in chunks of similar lengths; "static-batch" was batch_generate
+# reading a batch's prompts as one (padded to the longest); folders from before either were
+# written by `model.generate`. Each rounds differently, so the same seed writes other replies.
+GENERATOR = "chunked-prefill"
 RECIPE_DEFAULTS = {"prompts": "templates", "generator": "generate"}  # a record from before the key
 
 
