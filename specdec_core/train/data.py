@@ -9,8 +9,9 @@ during generation itself, so no second target pass is needed). Each is written w
 renamed into place, the .jsonl last, so a crash loses at most the shard in progress and a rerun
 continues after the last full shard. A .jsonl kept without its .pt (the tokens are a hundredth
 of the features' size, small enough to keep where the features are not) gets its features again
-from teacher-forced forwards of the same writer (features.replayed_features), several times
-faster than writing the replies.
+from teacher-forced forwards of the same writer (features.replayed_features): in half the time
+writing the replies took (a shard of 256 varied replies, 65,295 positions: 80 s against 161 s on
+two cores), and within bf16 rounding of the captured features (1.3% relative, median).
 Shard i > 0 also holds prompts built on passages the target wrote in shard i-1 (summarize,
 answer from it, translate it), so those families read the target's own text. With
 `passages="mixed"`, half of those passages are human prose instead (train.passages).
