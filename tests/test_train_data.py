@@ -11,13 +11,13 @@ import random
 import pytest
 import torch
 
+from specdec_core.kernels.row_attention import use_row_exact_attention
 from specdec_core.train.batch_generate import PREFILL_ROWS, generate_batch
 from specdec_core.train.data import GENERATOR, DataSettings, eos_ids, features_path, generate_data, read_shard, shard_path
 from specdec_core.train.dataset import load_sequences
 from specdec_core.train.features import sequence_features
 from specdec_core.train.prompt_sets import everyday_prompts, replies_to
 from specdec_core.train.varied import clean_request, is_new
-from specdec_core.kernels.row_attention import use_row_exact_attention
 from tests.tiny_models import tiny_llama
 
 LAYERS = (0, 1, 1)
