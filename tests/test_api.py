@@ -652,7 +652,12 @@ def test_two_clients_at_once_are_served_one_after_the_other(server, client):
         thread.join(120)
     assert {content: arrivals[content + " text"] for content in expected} == expected
     first, second = sorted(expected, key=lambda content: arrivals[content][0])
-    assert arrivals[first][-1] <= arrivals[second][0]  # nothing of the second before the first ended
+    # Nothing of the second before the first ended. The first's closing chunks (its last token,
+    # the finish, the usage) leave the server together, and two client threads may note their
+    # arrivals a fraction of a millisecond out of order (0.25 ms in a CI run): served side by
+    # side, most of the first's chunks would arrive after the second's first one.
+    assert len(arrivals[first]) >= 20
+    assert sum(arrival > arrivals[second][0] for arrival in arrivals[first]) <= 3
 
 
 def test_a_client_that_disconnects_frees_the_device(server, client):
