@@ -57,11 +57,12 @@ class RunSettings:
     passages: str = "target"  # what summarize / answer-from / translate prompts read (data.PASSAGE_SOURCES)
     prompts: str = "templates"  # the prompt source (data.PROMPT_SOURCES): prompts.py, or varied.py's mix
     # What writes the data: "target" (the target as it decodes) or "bfloat16" (its weights in bf16
-    # on stock layers, see data_model: faster on CPUs with bf16 matrix units).
+    # on stock layers, see data_model: faster on CPUs with bf16 instructions, AMX or AVX512-BF16).
     data_dtype: str = "target"
     # With such a writer, how many held-out shards (the first ones) the target writes again and the
     # head is measured on; None: all. The rest stay out of training all the same. (The 4-bit
-    # SmolLM2 target writes a 256-prompt shard in about 9 minutes, the bf16 twin in 3.)
+    # SmolLM2 target writes a 256-prompt shard of varied prompts in about 4.5 minutes, the bf16
+    # twin in 2.7 on 2 AVX512-BF16 cores.)
     rewrite_heldout: int | None = None
     # What the trained matmuls run in: "bfloat16" autocasts them (weights, optimizer and loss stay
     # fp32): on a CPU with AMX an EAGLE head's matmuls run 4x faster and a whole step about 1.45x.
