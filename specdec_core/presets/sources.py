@@ -228,6 +228,18 @@ def gguf_folder(gguf_path: Path) -> Path:
     return folder
 
 
+def _check_tensor_types(gguf_path: Path) -> None:
+    """Dequantise the first row of one tensor of each type in the file: a type gguf can't read
+    (Q8_1, I8, ...) raises NotImplementedError in a second, not after the file's other tensors
+    were dequantised (about 10 s for SmolLM2-135M)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    one_of_each = {tensor.tensor_type: tensor for tensor in GGUFReader(gguf_path).tensors}
+    for kind, tensor in one_of_each.items():
+        dequantize(tensor.data[:1], kind)
+
+
 def _files_follow_umask(folder: Path) -> None:
     """Give the files in `folder` the mode the umask gives new files (save_pretrained writes its
     weights through a 0600 temporary file). mkdir applied the umask to the folder itself."""
@@ -244,6 +256,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
     folder, filename = str(gguf_path.parent), gguf_path.name
     try:
+        _check_tensor_types(gguf_path)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
     except NotImplementedError as error:  # gguf has no dequantisation for a tensor type (Q8_1, I8, ...)
