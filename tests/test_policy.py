@@ -413,7 +413,7 @@ def _simulate(verify_cost, draft_cost_per_depth: float, first_ranked: float, sib
 
 
 def test_trees_that_lose_to_plain_decoding_are_not_drafted():
-    """The compiled CPU case (docs/benchmarks.md, 'Compiled tree verify steps by node count'): a
+    """The compiled CPU case (docs/benchmarks-costs.md, 'Compiled tree verify steps by node count'): a
     verify step dear per token read (here 0.2 of a step each) and a weak head, whose best chain
     keeps its first token under half the time, though some sibling is kept more often. Priced
     with the trees' acceptance, chains looked as if they paid, and the rounds drafted trees (half

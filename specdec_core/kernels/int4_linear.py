@@ -52,7 +52,7 @@ What changes numerically, against the fp32 weights transformers dequantises from
     (q - 8) * scale + zero, computed in fp32, is rounded to bf16 once: up to 2^-9 of itself;
     fp32 sums, a bf16 output), in fp32 elsewhere. The kernel dequantises every group again for
     each 4 rows, so reading a 729-token prompt this way takes under half the kernel's time (the
-    break-even is about 100 rows; docs/benchmarks.md). Such rows differ from the kernel's in
+    break-even is about 100 rows; docs/decode-paths.md). Such rows differ from the kernel's in
     their last bits, so a token's keys and values depend on the call it was read in: engines
     compared token for token read a prompt from the same cache state, in the same calls (the
     bench: from an empty cache; the app's side by side: SpeculativeEngine.share_reading).

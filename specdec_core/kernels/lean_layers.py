@@ -13,7 +13,7 @@ layer gives (tested):
   - the norms, rotary embedding, cache update and activation are the layer's own modules and
     transformers' own function, and attention is row_exact_attention, called directly.
 A SmolLM2 step takes about a fifth less so, a verify step as much, and compiled (CompiledSteps
-traces this step) the calls saved still pay, bitwise the same logits (docs/benchmarks.md;
+traces this step) the calls saved still pay, bitwise the same logits (docs/benchmarks-costs.md;
 scripts/cpu_weights_costs.py measures it). Only the steps it was
 written for take this path: one sequence, at most row_attention.MAX_ROWS new tokens (decoding,
 verifying drafts). Reading a prompt and a batch (the EAGLE trainer's generate) run transformers'

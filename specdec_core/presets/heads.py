@@ -128,7 +128,7 @@ def _head_on_int4(head) -> str:
     with a scale) of its own weights; its quantization as the models panel shows it. For the
     offline preset's head a draft step costs a third of what it does as loaded, with the same
     acceptance on the Spec-Bench questions; Q4_1 groups were faster still but kept fewer drafts
-    (docs/benchmarks.md). A layer the blocks can't hold
+    (docs/benchmarks-costs.md). A layer the blocks can't hold
     (a width not a multiple of 32) leaves the head as loaded."""
     from ..kernels.int4_linear import GROUP, quantise_linear_layers
 
