@@ -111,7 +111,7 @@ class SpeculativeEngine:
             context=context,
             target=target,
             policy=policy,
-            tree_nodes=policy.tree_nodes(tree_nodes, getattr(target, "max_tree_nodes", 0)),
+            tree_nodes=policy.tree_nodes(tree_nodes, target.max_tree_nodes),
             output=_Output(self.tokenizer, self.eos_ids, params.stop, budget,
                            length_reason=LENGTH if params.max_new_tokens <= room_in_context else LENGTH_CONTEXT),
             generator=make_generator(params.seed, self.target_model.device),

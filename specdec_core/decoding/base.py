@@ -27,15 +27,15 @@ EAGER_DYNAMIC = "eager dynamic cache"
 
 class Runner(Protocol):
     """One generation's KV cache and the steps that fill it (batch size 1). Position is the
-    state: the cache holds the first `length` tokens and nothing else reaches into it.
-
-    A runner that verifies tree drafts (eager.CachedModel, compiled.CompiledRunner) also has `max_tree_nodes` > 0,
-    forward_tree(token_ids, parents) and keep_rows(start, rows); the engine reads
-    max_tree_nodes as 0 where it is missing (chains only)."""
+    state: the cache holds the first `length` tokens and nothing else reaches into it."""
 
     @property
     def length(self) -> int:
         """How many tokens of the sequence the cache holds."""
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """The most draft tokens forward_tree verifies in one step (0: chains only)."""
 
     def begin(self) -> None:
         """A new generation starts on this runner (a path may choose its steps here)."""
@@ -43,8 +43,17 @@ class Runner(Protocol):
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         """Run the tokens that follow the cached ones; float32 logits [n, V] ([1, V] if last_only)."""
 
+    def forward_tree(self, token_ids: list[int], parents: list[int]) -> torch.Tensor:
+        """Verify a tree draft in one forward with tree attention: token_ids = [last, d1..dn],
+        parents[i] the parent of draft node i (-1: the last token; tree.py). float32 logits
+        [n + 1, V], row i + 1 scoring what follows node i's path. Only where max_tree_nodes > 0."""
+
     def crop(self, keep: int) -> None:
         """Forget every cached token after the first `keep` (a rollback is a crop)."""
+
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """After a tree step from `start` cached tokens, keep its rows `rows` (the last token and
+        the accepted path) in place, in order, and forget the rest."""
 
     def memory_bytes(self) -> int:
         """Bytes the cache holds."""
