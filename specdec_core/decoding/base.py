@@ -103,6 +103,12 @@ def model_name(model) -> str:
     return getattr(model.config, "name_or_path", "") or type(model).__name__
 
 
+def decoder_of(model) -> torch.nn.Module:
+    """The model's decoder (the embeddings, the layer stack and the final norm, without the
+    lm_head): Llama, Qwen2 and the other causal LMs of transformers."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+
+
 def context_limit(model) -> int:
     """The longest sequence the model was built for (no limit if the config doesn't say)."""
     config = model.config.get_text_config()

@@ -32,14 +32,15 @@ import weakref
 import torch
 from torch import nn
 
+from .base import decoder_of
+
 # model -> {layer ids: its FeatureTap}; the taps (and their hooks) live as long as the model
 _TAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def decoder_layers(model) -> nn.ModuleList:
     """The target's stack of decoder layers (Llama, Qwen2 and the other causal LMs of transformers)."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
-    layers = getattr(decoder, "layers", None)
+    layers = getattr(decoder_of(model), "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise ValueError(f"{type(model).__name__} has no decoder layer stack to read features from")
     return layers
@@ -54,11 +55,7 @@ def feature_modules(model, layer_ids) -> list[nn.Module]:
     if bad:
         raise ValueError(f"feature layers {bad} are outside the target's {len(layers)} layers "
                          f"(and {len(layers)}, the last layer's output)")
-    return [layers[i] if i < len(layers) else _decoder(model).norm for i in layer_ids]
-
-
-def _decoder(model):
-    return model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    return [layers[i] if i < len(layers) else decoder_of(model).norm for i in layer_ids]
 
 
 def feature_tap(model, layer_ids: tuple[int, ...]) -> FeatureTap:
@@ -83,7 +80,7 @@ def untapped(model, layer_ids: tuple[int, ...] = ()):
     compile of the 4-bit tiny Llama fail (a guard on the kernels package's global state, which
     eager decoding on the main thread changes meanwhile), so only Medusa's steps pay that risk."""
     tap_hooks = {hook for tap in _TAPS.get(model, {}).values() for hook in tap.hook_ids}
-    decoder = _decoder(model)
+    decoder = decoder_of(model)
     layers = nn.ModuleList([_shallow_copy(layer, tap_hooks) for layer in decoder_layers(model)])
     norm = getattr(decoder, "norm", None)
     hooked = isinstance(norm, nn.Module) and (tap_hooks & set(norm._forward_pre_hooks) or len(layers) in layer_ids)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..decoding.base import decoder_of
 from ..decoding.eager import CachedModel, KeptRunner
 from ..decoding.features import decoder_layers, untapped
 from ..drafter import NO_DRAFT, Draft, Drafter
@@ -151,7 +152,7 @@ def skipping_model(target, kept: tuple[int, ...]) -> nn.Module:
     for every target layer, and the kept layers, keeping their own layer_idx, write to their own
     slots; the decoder's loop over `layers[:num_hidden_layers]` runs just the subset."""
     twin = untapped(target)
-    decoder = twin.get_decoder() if hasattr(twin, "get_decoder") else twin.model
+    decoder = decoder_of(twin)
     layers = decoder_layers(twin)
     decoder._modules["layers"] = nn.ModuleList([layers[i] for i in kept])  # the twin's own dict
     return twin

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from ..decoding.base import decoder_of
 from ..drafter import NO_DRAFT, Draft, Drafter
 from ..errors import LoadError
 from ..sampling import SamplingParams, probabilities, sample
@@ -76,8 +77,7 @@ class MedusaDrafter(Drafter):
             raise LoadError(f"Medusa heads {name} were set up for a target of {self.feature_layers[0]} layers, "
                             f"this one has {text.num_hidden_layers}")
         self.feature_layers = (text.num_hidden_layers,)
-        decoder = target_model.get_decoder() if hasattr(target_model, "get_decoder") else target_model.model
-        self._norm, self._lm_head = decoder.norm, lm_head
+        self._norm, self._lm_head = decoder_of(target_model).norm, lm_head
         embed = target_model.get_input_embeddings().weight
         self.heads.to(device=embed.device, dtype=embed.dtype)
         self._draft_ids = self._readout = None

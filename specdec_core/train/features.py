@@ -13,11 +13,13 @@ from contextlib import contextmanager
 
 import torch
 
+from ..decoding.base import decoder_of
+
 
 def decoder_parts(model):
     """(the decoder layers, the final norm) of a transformers causal LM."""
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    return base.layers, base.norm
+    decoder = decoder_of(model)
+    return decoder.layers, decoder.norm
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..decoding.base import decoder_of
 from ..drafters.eagle_head import Eagle3Head, default_layer_ids
 from ..presets.loading import load_preset
 from .base import SAVE_DTYPES, RunSettings, autocast, load_split, optimizer_step, resume, save_checkpoint, schedule, write_data
@@ -126,8 +127,7 @@ def _new_head(target, text_config, vocabulary: list[int], layer_ids, seed: int) 
     head.set_draft_vocab(vocabulary)
     with torch.no_grad():
         head.lm_head.weight.copy_(target.get_output_embeddings().weight[torch.tensor(vocabulary)].float())
-        norm = target.get_decoder().norm if hasattr(target, "get_decoder") else target.model.norm
-        head.norm.weight.copy_(norm.weight.float())
+        head.norm.weight.copy_(decoder_of(target).norm.weight.float())
     return head
 
 
