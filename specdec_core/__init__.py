@@ -18,6 +18,7 @@ _HOMES = {
     "LayerSkipDrafter": ".drafters",
     "ModelDrafter": ".drafters",
     "PromptLookupDrafter": ".drafters",
+    "RetrievalDrafter": ".drafters",
     "SpeculativeEngine": ".engine",
     "SOURCES": ".events",
     "GenerationResult": ".events",

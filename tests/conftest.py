@@ -63,6 +63,7 @@ presets:
     draft: ./draft
     eagle: ./eagle
     medusa: ./medusa
+    retrieval: ./retrieval
     drafter: prompt_lookup
     draft_length: 4
     memory_gb: 0.1
@@ -105,9 +106,25 @@ def tiny_app_config(tmp_path_factory, smol_tokenizer):
     # Random Medusa heads near the identity: their guesses are the target's, one token late, so
     # some are accepted (on this repetitive output) and some not.
     random_medusa_heads(target, num_heads=3, own_output=False, seed=2, std=0.01).save(folder / "medusa")
+    tiny_datastore(target, smol_tokenizer).save(folder / "retrieval", {"target": "tiny"})
     config = folder / "models.yaml"
     config.write_text(TINY_APP_PRESETS)
     return config
+
+
+def tiny_datastore(target, tokenizer):
+    """A retrieval datastore of the target's own greedy replies to a few prompts, as
+    `python -m specdec_core.train_retrieval` builds one from the trainer's data."""
+    from specdec_core import SamplingParams, SpeculativeEngine
+    from specdec_core.chat import chat_prompt_ids
+    from specdec_core.drafters.retrieval import PROMPT_TAIL, Datastore
+
+    engine = SpeculativeEngine(target, tokenizer)
+    sequences = []
+    for text in ("Tell me about the sea", "Count to ten", "Write a poem", "What is a cat?", "Say hello twice"):
+        prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
+        sequences.append(prompt[-PROMPT_TAIL:] + engine.generate(prompt, SamplingParams(max_new_tokens=32)).token_ids)
+    return Datastore.from_sequences(sequences)
 
 
 def free_port() -> int:

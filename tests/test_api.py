@@ -587,7 +587,7 @@ def test_after_the_background_compile_every_drafter_replies_as_the_baseline(comp
     compiled_calls = []
     original_run = steps.run
     steps.run = lambda *args: compiled_calls.append(args) or original_run(*args)
-    drafters = ("none", "prompt_lookup", "eagle", "hybrid", "model", "medusa", "layer_skip")
+    drafters = ("none", "prompt_lookup", "eagle", "hybrid", "model", "medusa", "layer_skip", "retrieval")
     drafted = dict.fromkeys(drafters, 0)
     for content in ("Tell me a story", "Repeat after me: one two three, one two three", "Say hi"):
         replies = {}

@@ -571,6 +571,21 @@ def test_layer_skip_drafter_gives_the_engines_reply_and_shows_its_calibration(cl
     assert "layer skip: early exit at 1/2 (1 of 2 layers): acceptance" in final["models"]
 
 
+def test_retrieval_drafter_gives_the_engines_reply_and_shows_its_datastore(client, app_server):
+    """The menu's "retrieval (the target's own replies)": the reply is the engine's, drafts come from
+    the datastore or the conversation, and the models panel shows the datastore."""
+    from specdec_app.settings import MENU_DRAFTERS
+
+    assert ("retrieval (the target's own replies)", "retrieval") in MENU_DRAFTERS
+    message = "Tell me about the sea"  # the tiny datastore holds the target's reply to it
+    final = outputs(send(client, message, drafter="retrieval", max_new_tokens=24))
+    spans = token_spans(final["chat"][1])
+    expected = reference_reply(app_server, [{"role": "user", "content": message}])
+    assert "".join(text for _, text in spans) == expected.text
+    assert "draft" in {source for source, _ in spans}
+    assert "retrieval datastore: ./retrieval" in final["models"]
+
+
 def test_eagle_drafter_without_a_head_is_one_line(client):
     with pytest.raises(AppError, match="has no eagle: head source") as raised:
         send(client, "hi", preset="tiny-nodraft", drafter="eagle").result()

@@ -347,7 +347,7 @@ def test_small_run_greedy_outputs_equal_the_baseline(tiny_run):
     code, out = tiny_run
     report = json.loads((out / "results.json").read_text())
     for method in ("ours-baseline", "ours-model", "ours-lookup", "ours-eagle", "ours-hybrid", "ours-medusa", "ours-layer-skip",
-                   "hf-generate"):
+                   "ours-retrieval", "hf-generate"):
         assert report["identity"][method]["share"] == 1.0, method
     assert report["results"]["ours-baseline"]["overall"]["speedup_vs_ours_baseline"] == pytest.approx(1.0)
 

@@ -12,9 +12,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec_core import EagleDrafter, HybridDrafter, LayerSkipDrafter, MedusaDrafter, ModelDrafter, PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core import (EagleDrafter, HybridDrafter, LayerSkipDrafter, MedusaDrafter, ModelDrafter, PromptLookupDrafter,
+                          RetrievalDrafter, SamplingParams, SpeculativeEngine)
 from specdec_core.drafter import Draft, Drafter
 from specdec_core.drafters import Eagle3Head
+from specdec_core.drafters.retrieval import Datastore
 from specdec_core.sampling import probabilities
 from tests.tiny_models import random_medusa_heads, tiny_llama
 
@@ -131,6 +133,27 @@ def test_prompt_lookup_samples_the_target_distribution(pair, smol_tokenizer):
     exact = exact_two_token_distribution(target, engine.eos_ids, params)
     counts = empirical(engine, params)
     assert chi_square_p_value(counts, exact) > 1e-3
+
+
+def test_retrieval_samples_the_target_distribution(pair, smol_tokenizer):
+    """A datastore of the target's own samples, as the real one holds its replies (its most
+    frequent continuation is often drawn, not always): its deterministic drafts (one-hot q) keep
+    the target's distribution. Its copies from the context are prompt lookup's (tested above);
+    with 8 tokens the context nearly always has one, so they are switched off here and the
+    datastore drafts every round."""
+    target, _ = pair
+    params = SamplingParams(temperature=1.0)
+    writer = SpeculativeEngine(target, smol_tokenizer)
+    samples = [PROMPT[-2:] + writer.generate(PROMPT, dataclasses.replace(params, max_new_tokens=6, seed=seed)).token_ids
+               for seed in range(50)]
+    drafter = RetrievalDrafter(Datastore.from_sequences(samples))
+    drafter.lookup = Drafter()  # proposes nothing
+    engine = SpeculativeEngine(target, smol_tokenizer, drafter=drafter, draft_length=2, adaptive=False)
+    exact = exact_two_token_distribution(target, engine.eos_ids, params)
+    counts = empirical(engine, params)
+    assert chi_square_p_value(counts, exact) > 1e-3
+    drafted, accepted = drafted_and_accepted(engine, max_new_tokens=3)  # past its peaked first token
+    assert 0 < accepted < drafted
 
 
 @EAGLE_VOCABULARIES

@@ -1,7 +1,7 @@
 """The decoding methods the benchmark compares, timed alike and traced alike.
 
 ours-*  SpeculativeEngine with drafter none / model / prompt_lookup / eagle / hybrid / medusa /
-        layer_skip (the preset's draft length and adaptivity; layer_skip calibrates its layers as
+        layer_skip / retrieval (the preset's draft length and adaptivity; layer_skip calibrates its layers as
         it is made); ours-eagle verifies chains only, ours-eagle-tree the EAGLE head's dynamic
         trees sized by the policy, ours-medusa the Medusa heads' candidate trees sized alike (on the
         baseline's target path, compiled tree steps included where the target has them).
@@ -50,15 +50,17 @@ OURS_BASELINE, OURS_MODEL, OURS_LOOKUP = "ours-baseline", "ours-model", "ours-lo
 OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE = "ours-eagle", "ours-hybrid", "ours-eagle-tree"
 OURS_MEDUSA = "ours-medusa"
 OURS_LAYER_SKIP = "ours-layer-skip"
+OURS_RETRIEVAL = "ours-retrieval"
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "hf-generate", "hf-assisted", "hf-lookup"
 LLAMACPP = "llamacpp"
-METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE, OURS_MEDUSA, OURS_LAYER_SKIP, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP, *VLLM_METHODS)
+METHODS = (OURS_BASELINE, OURS_MODEL, OURS_LOOKUP, OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE, OURS_MEDUSA, OURS_LAYER_SKIP, OURS_RETRIEVAL, HF_GENERATE, HF_ASSISTED, HF_LOOKUP, LLAMACPP, *VLLM_METHODS)
 NEEDS_EAGLE_HEAD = (OURS_EAGLE, OURS_HYBRID, OURS_EAGLE_TREE, VLLM_EAGLE)  # left out of the default methods when the preset has none
 NEEDS_MEDUSA_HEADS = (OURS_MEDUSA,)  # likewise for Medusa heads
+NEEDS_RETRIEVAL = (OURS_RETRIEVAL,)  # and for a retrieval datastore
 LLAMACPP_INSTALL = "pip install llama-cpp-python (it compiles llama.cpp: a C++ compiler and cmake, a few minutes)"
 BASELINE_OF = {  # each speculative method's own plain decoding
     OURS_MODEL: OURS_BASELINE, OURS_LOOKUP: OURS_BASELINE, OURS_EAGLE: OURS_BASELINE, OURS_HYBRID: OURS_BASELINE,
-    OURS_EAGLE_TREE: OURS_BASELINE, OURS_MEDUSA: OURS_BASELINE, OURS_LAYER_SKIP: OURS_BASELINE, HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
+    OURS_EAGLE_TREE: OURS_BASELINE, OURS_MEDUSA: OURS_BASELINE, OURS_LAYER_SKIP: OURS_BASELINE, OURS_RETRIEVAL: OURS_BASELINE, HF_ASSISTED: HF_GENERATE, HF_LOOKUP: HF_GENERATE,
 }
 NEEDS_DRAFT_MODEL = (OURS_MODEL, HF_ASSISTED)
 HF_LOOKUP_TOKENS = 10  # what HF's docs suggest and users copy
@@ -67,6 +69,7 @@ _OURS_DRAFTER = {
     OURS_EAGLE_TREE: "eagle",
     OURS_MEDUSA: "medusa",
     OURS_LAYER_SKIP: "layer_skip",
+    OURS_RETRIEVAL: "retrieval",
 }
 # The most nodes a round may verify as a tree (engine.stream's tree_nodes): 0 chains only; None:
 # the policy sizes them. Methods not named here verify chains, as they did before trees. Medusa's

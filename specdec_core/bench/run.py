@@ -36,6 +36,7 @@ from .methods import (
     NEEDS_DRAFT_MODEL,
     NEEDS_EAGLE_HEAD,
     NEEDS_MEDUSA_HEADS,
+    NEEDS_RETRIEVAL,
     VLLM_METHODS,
     VllmOptions,
     available_methods,
@@ -101,6 +102,9 @@ def run(args: argparse.Namespace, command: str = "") -> int:
     if args.methods is None and models.medusa_heads is None:
         methods = [m for m in methods if m not in NEEDS_MEDUSA_HEADS]
         inform(f"no Medusa heads loaded: leaving out {', '.join(NEEDS_MEDUSA_HEADS)}")
+    if args.methods is None and models.preset.retrieval is None:
+        methods = [m for m in methods if m not in NEEDS_RETRIEVAL]
+        inform(f"no retrieval datastore in the preset: leaving out {', '.join(NEEDS_RETRIEVAL)}")
     if args.methods is None and LLAMACPP in methods and models.preset.target.kind not in GGUF_KINDS:
         methods = [m for m in methods if m != LLAMACPP]
         inform(f"llamacpp: the target {models.preset.target.label} is not a GGUF file: not compared")

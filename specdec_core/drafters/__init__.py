@@ -9,5 +9,6 @@ from .lookup import PromptLookupDrafter, find_continuation
 from .medusa import MedusaDrafter
 from .medusa_heads import MedusaHeads
 from .model import ModelDrafter
+from .retrieval import RetrievalDrafter
 
-__all__ = ["Draft", "Drafter", "Eagle3Head", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "MedusaDrafter", "MedusaHeads", "ModelDrafter", "NO_DRAFT", "PromptLookupDrafter", "find_continuation"]
+__all__ = ["Draft", "Drafter", "Eagle3Head", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "MedusaDrafter", "MedusaHeads", "ModelDrafter", "NO_DRAFT", "PromptLookupDrafter", "RetrievalDrafter", "find_continuation"]

@@ -34,7 +34,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("4bit", "8bit", "none")
 # Every drafter: its name (models.yaml, the API, the CLI: a contract) and its label (the app's menu).
 DRAFTER_LABELS = {"model": "draft model", "prompt_lookup": "prompt lookup", "eagle": "EAGLE head", "hybrid": "hybrid",
-                  "medusa": "Medusa heads", "layer_skip": "self-speculative (layer skip)", "none": "none"}
+                  "medusa": "Medusa heads", "layer_skip": "self-speculative (layer skip)",
+                  "retrieval": "retrieval (the target's own replies)", "none": "none"}
 DRAFTERS = tuple(DRAFTER_LABELS)
 CPU_WEIGHTS = ("fp32", "gguf")  # on CPU: dequantised fp32 (prepacked) | the GGUF's own 4-bit blocks
 GGUF_KINDS = ("gguf", "bundled")  # sources that are a GGUF file
@@ -80,6 +81,7 @@ class Preset:
     compile: bool | str  # true | false | "auto" (compiled static cache on CUDA, eager on CPU)
     cpu_weights: str = "fp32"  # "fp32" | "gguf" (the target's GGUF blocks on int4 kernels, CPU only)
     medusa: ModelSpec | None = None  # Medusa heads for the target (drafter medusa)
+    retrieval: ModelSpec | None = None  # a datastore of the target's own replies (drafter retrieval)
     # The target's own sampling defaults (temperature / top_p / top_k), for a model whose files
     # carry none: they go into its generation_config, which the API reads for fields a request omits.
     sampling: tuple[tuple[str, float], ...] = ()
@@ -87,7 +89,8 @@ class Preset:
     @property
     def offline(self) -> bool:
         """True when no model of this preset comes from the hub."""
-        return all(spec is None or spec.offline for spec in (self.target, self.draft, self.eagle, self.medusa))
+        return all(spec is None or spec.offline for spec in (self.target, self.draft, self.eagle, self.medusa,
+                                                             self.retrieval))
 
     def needs(self) -> str:
         """What running it takes, in a few words (for `presets` listings and the UI)."""
@@ -122,6 +125,7 @@ _PRESET_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "draft": ((str, type(None)), None),
     "eagle": ((str, type(None)), None),
     "medusa": ((str, type(None)), None),
+    "retrieval": ((str, type(None)), None),
     "dtype": ((str,), "auto"),
     "draft_quantization": ((str,), "none"),
     "drafter": ((str,), _REQUIRED),
@@ -199,6 +203,7 @@ MODEL_FLAGS = {
     "draft": "a draft model for --target (the same forms); it must use the target's tokenizer",
     "eagle": "an EAGLE-3 head for --target: a hub id or a local folder",
     "medusa": "Medusa heads for --target (Medusa's format): a hub id or a local folder",
+    "retrieval": "a datastore of --target's own replies (python -m specdec_core.train_retrieval): a local folder",
 }
 
 
@@ -218,15 +223,17 @@ def config_with_models(config_path, preset: str, models: dict[str, str | None]) 
 
 
 def with_custom_preset(config: PresetFile, target: str, draft: str | None = None,
-                       eagle: str | None = None, medusa: str | None = None) -> PresetFile:
-    """`config` plus the preset CUSTOM built from --target/--draft/--eagle/--medusa (each a hub id, a
-    local model folder or a .gguf file), validated as a models.yaml preset is. Its default drafter is
-    the EAGLE head if given, else the Medusa heads, else the draft model, else prompt lookup; a GGUF target runs on its own 4-bit
+                       eagle: str | None = None, medusa: str | None = None, retrieval: str | None = None) -> PresetFile:
+    """`config` plus the preset CUSTOM built from --target/--draft/--eagle/--medusa/--retrieval (each a hub
+    id, a local model folder or a .gguf file), validated as a models.yaml preset is. Its default drafter is
+    the EAGLE head if given, else the Medusa heads, else the draft model, else the retrieval datastore,
+    else prompt lookup; a GGUF target runs on its own 4-bit
     blocks on CPU, as the offline preset does. ConfigError (one line naming the flag) for a source
     that is not there."""
-    given = {"target": target, "draft": draft, "eagle": eagle, "medusa": medusa}
+    given = {"target": target, "draft": draft, "eagle": eagle, "medusa": medusa, "retrieval": retrieval}
     sources = {key: _flag_source(key, text) for key, text in given.items() if text}
-    drafter = "eagle" if eagle else "medusa" if medusa else "model" if draft else "prompt_lookup"
+    drafter = ("eagle" if eagle else "medusa" if medusa else "model" if draft else "retrieval" if retrieval
+               else "prompt_lookup")
     body = {
         "description": ", ".join(_short_name(key, text) for key, text in sources.items()),
         **sources,
@@ -301,7 +308,7 @@ def _parse_preset(name: str, body: Any, base_dir: Path, where: str) -> Preset:
     _check_keys(body, _PRESET_KEYS, required, where)
     values = {key: _typed_value(body, key, where) for key in _PRESET_KEYS}
     values["target"] = _model_source(values["target"], base_dir, where, "target")
-    for key in ("draft", "eagle", "medusa"):
+    for key in ("draft", "eagle", "medusa", "retrieval"):
         if values[key] is not None:
             values[key] = _model_source(values[key], base_dir, where, key)
     _check_consistency(values, where)
@@ -340,6 +347,8 @@ def _check_consistency(values: dict, where: str) -> None:
         raise ConfigError(f"{where}: key 'drafter' is 'eagle' but the preset has no 'eagle' head source")
     if values["drafter"] == "medusa" and values["medusa"] is None:
         raise ConfigError(f"{where}: key 'drafter' is 'medusa' but the preset has no 'medusa' heads source")
+    if values["drafter"] == "retrieval" and values["retrieval"] is None:
+        raise ConfigError(f"{where}: key 'drafter' is 'retrieval' but the preset has no 'retrieval' datastore")
     if values["drafter"] == "hybrid" and values["eagle"] is None and values["draft"] is None:
         raise ConfigError(f"{where}: key 'drafter' is 'hybrid' but the preset has neither an 'eagle' head nor a 'draft'")
     lowest, highest = DRAFT_LENGTH_BOUNDS

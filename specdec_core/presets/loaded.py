@@ -69,6 +69,8 @@ class LoadedModels:
     # One kept conversation per model, shared by every engine made here (see make_engine):
     # KeptRunners by (role, make_runner), and "eagle": the one EagleDrafter of the head.
     _kept: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # The preset's retrieval datastore, read on first use (drafter retrieval): no cache, one per preset.
+    _retrieval: object | None = field(default=None, init=False, repr=False, compare=False)
 
     def make_engine(
         self,
@@ -191,6 +193,8 @@ class LoadedModels:
                 eager_target = not self.path("target").reads_features(layers)
                 target_path = "; the target decodes eagerly with it" if eager_target else ""
                 lines.append(f"{info.line()}  decode: eager{target_path}")
+        if self._retrieval is not None:  # once its engine was made
+            lines.insert(1, self._retrieval.line())  # under the target: it drafts the target's own words
         layer_skip = self._kept.get("layer_skip")
         if layer_skip is not None and layer_skip.calibration is not None:  # once its engine was made
             lines.insert(1, layer_skip.calibration.line())  # under the target: it drafts with its layers
@@ -202,7 +206,8 @@ class LoadedModels:
 
         builders = {"model": self._model_drafter, "prompt_lookup": PromptLookupDrafter,
                     "eagle": self._eagle_drafter, "hybrid": self._hybrid_drafter, "medusa": self._medusa_drafter,
-                    "layer_skip": self._layer_skip_drafter, "none": lambda: None}
+                    "layer_skip": self._layer_skip_drafter, "retrieval": self._retrieval_drafter,
+                    "none": lambda: None}
         if kind not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}")
         return builders[kind]()
@@ -259,6 +264,21 @@ class LoadedModels:
             self._kept["layer_skip"] = LayerSkipDrafter()
         return self._kept["layer_skip"]
 
+    def _retrieval_drafter(self):
+        """The one RetrievalDrafter of this preset's datastore, read and indexed on first use
+        (about a second for two million tokens)."""
+        from ..drafters import RetrievalDrafter
+
+        if self._retrieval is None:
+            spec = self.preset.retrieval
+            if spec is None:
+                raise LoadError(f"preset {self.preset.name} has no retrieval: datastore (build one with python -m "
+                                "specdec_core.train_retrieval): use drafter prompt_lookup")
+            if spec.kind != "local":
+                raise LoadError(f"retrieval: {spec.label}: a retrieval datastore is a local folder, not a {spec.kind} source")
+            self._retrieval = RetrievalDrafter.load(spec.location, source=spec.label)
+        return self._retrieval
+
     def _eagle_head(self):
         if self.eagle_head is None:
             raise LoadError(f"{self._eagle_missing()}: use drafter prompt_lookup or model")
@@ -309,6 +329,7 @@ def unload(models: LoadedModels) -> None:
     models.target = None
     models.draft = None
     models.eagle_head = None
+    models._retrieval = None
     models._engines.clear()
     models._kept.clear()
     models.target_runner = models.draft_runner = None  # they hold the models and KV caches
