@@ -108,3 +108,36 @@ def test_greedy_speculation_with_the_target_s_own_replies_is_plain_decoding(smol
         assert result.token_ids == reply
         drafted, accepted = drafted + result.stats.drafted_tokens, accepted + result.stats.accepted_tokens
     assert 0 < accepted < drafted
+
+
+def test_the_datastore_of_a_work_folder_holds_its_training_replies_only(tiny_train_data, tiny_train_config, tmp_path,
+                                                                          smol_tokenizer):
+    """train_retrieval on the trainers' tiny data: the stream is each training reply after its
+    prompt's last tokens, in the trainers' split (no held-out shard's reply), and the command
+    writes a folder the drafter loads; a folder without data is one line."""
+    import json
+
+    from specdec_core.drafters.retrieval import PROMPT_TAIL
+    from specdec_core.train.data import DataSettings, held_out_shards, read_shard, shard_path
+    from specdec_core.train.datastore import build_datastore, main
+    from specdec_core.train.dataset import load_sequences
+
+    work = tiny_train_data.parent
+    store, about = build_datastore(work, smol_tokenizer)
+    recorded = json.loads((tiny_train_data / "data_settings.json").read_text())
+    settings = DataSettings(shards=about["shards"], **{k: recorded[k] for k in ("per_shard", "batch_size", "max_new_tokens",
+                                                                               "seed", "passages", "prompts")})
+    train, heldout = load_sequences(tiny_train_data, settings, smol_tokenizer)
+    expected = [s.ids[max(s.reply_start - PROMPT_TAIL, 0):].tolist() for s in train]
+    assert np.array_equal(store.stream, Datastore.from_sequences(expected).stream)
+    assert about["sequences"] == len(train) > 0 and about["shards"] == len(list(tiny_train_data.glob("shard-*.jsonl")))
+    held_replies = {tuple(row["reply_ids"]) for i in held_out_shards(about["shards"])
+                    for row in read_shard(shard_path(tiny_train_data, i))}
+    assert held_replies and not held_replies & {tuple(s.ids[s.reply_start:].tolist()) for s in train}
+
+    out = tmp_path / "datastore"
+    assert main(["--preset", "tiny-train", "--config", str(tiny_train_config), "--work", str(work), "--out", str(out)]) == 0
+    drafter = RetrievalDrafter.load(out)
+    assert np.array_equal(drafter.store.stream, store.stream) and "train_retrieval" in (out / "README.md").read_text()
+    assert main(["--preset", "tiny-train", "--config", str(tiny_train_config), "--work", str(tmp_path),
+                 "--out", str(tmp_path / "none")]) == 2
