@@ -15,7 +15,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "specdec_core"
 LAYERS = {"decoding": 0, "kernels": 1, "": 2, "policy": 2, "drafters": 3, "presets": 4, "bench": 5, "train": 5, "serve": 5}
 WINGS = 5  # the layer whose folders must not import each other
-ENTRY_POINTS = {"__main__.py", "cost_model.py", "gpu_check.py", "train_eagle.py", "train_medusa.py"}  # faces that live in the top folder
+ENTRY_POINTS = {"__main__.py", "cost_model.py", "gpu_check.py", "train_eagle.py", "train_medusa.py", "train_retrieval.py"}  # faces that live in the top folder
 TOP = 6
 
 
