@@ -1,6 +1,7 @@
 """What the EAGLE and Medusa trainers share: the settings of a run on self-distilled data (the
 data recipe and the training plumbing, `RunSettings`), the data stage that writes the shards,
-the train / held-out split, checkpoints that resume, and the command line's shared options.
+the train / held-out split, and the command line's shared options (the training loop and its
+checkpoints: loop.py).
 
 Both trainers read the same shards: each sequence's features hold `aux` (the residual stream
 entering three layers, what an EAGLE-3 head reads) and `final` (the target's last hidden state,
@@ -11,15 +12,10 @@ wrote, serves both.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
-import math
-import os
-import pickle
 import shlex
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -27,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..cli import inform, run_guarded
 from ..presets.loading import load_plain_target
-from .data import PASSAGE_SOURCES, PROMPT_SOURCES, DataSettings, generate_data, refuse_other_settings
+from .data import PASSAGE_SOURCES, PROMPT_SOURCES, DataSettings, generate_data
 from .dataset import Sequence, held_out_shards, load_sequences, same_prompts
 
 DATA_DTYPES = {"bfloat16": torch.bfloat16}  # besides "target"
@@ -36,8 +32,6 @@ SAVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": 
 # With --data-dtype other than "target", the held-out shards written again by the target itself:
 # the head is measured on the replies its user gets.
 HELDOUT_BY_TARGET = "heldout_by_target"
-# Settings added after checkpoints were first written, with the value such a checkpoint ran with.
-SETTINGS_ADDED_LATER = {"prompts": "templates", "rewrite_heldout": None}
 
 
 @dataclass(frozen=True)
@@ -145,85 +139,6 @@ def load_split(settings: RunSettings, tokenizer) -> tuple[list[Sequence], list[S
     if not train_set or not heldout:
         raise ValueError(f"{settings.shards} data shards leave no training or held-out sequences: use --shards 2 or more")
     return train_set, heldout
-
-
-def autocast(train_dtype: str):
-    dtype = TRAIN_DTYPES[train_dtype]
-    return torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
-
-
-def schedule(total_steps: int):
-    """Linear warm-up over 5% of the steps, then cosine down to 10% of the learning rate."""
-    warmup = max(1, total_steps // 20)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        done = (step - warmup) / max(1, total_steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
-
-    return factor
-
-
-def optimizer_step(loss: torch.Tensor, model: torch.nn.Module, optimizer, scheduler) -> None:
-    """One step of both trainers' recipe: gradients clipped to norm 1, then the learning rate's schedule."""
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    scheduler.step()
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-@dataclass
-class Progress:
-    """What a checkpoint holds besides the weights."""
-
-    step: int = 0
-    tokens: int = 0  # positions trained so far (with repeats over epochs)
-    seconds: float = 0.0  # training time so far, over all resumptions
-    history: list[dict] = field(default_factory=list)  # held-out measurements at evaluation points
-    stopped_early: bool = False
-
-    def stepped(self, positions: int, resumed_at: float) -> None:
-        """Count a step that trained `positions` positions; `resumed_at`: when training would have
-        started had it never stopped (time.monotonic() less the seconds trained before)."""
-        self.step += 1
-        self.tokens += positions
-        self.seconds = time.monotonic() - resumed_at
-
-
-def resume(path: Path, settings: RunSettings, model, optimizer, scheduler) -> Progress:
-    """The progress of the checkpoint at `path` (loaded into model, optimizer, scheduler), or a
-    fresh start when there is none. Each trainer names its own checkpoint, so both can share one
-    work folder (its data)."""
-    if not path.exists():
-        return Progress()
-    # weights_only: tensors and plain values only. A checkpoint is a file in a folder others may
-    # write to, and unpickling anything else could run code it names.
-    try:
-        state = torch.load(path, weights_only=True)
-    except pickle.UnpicklingError as error:
-        # torch's message goes on to say how to load it anyway; only its reason is kept.
-        reason = next((line.strip().split(". ")[0] for line in str(error).splitlines() if "Unsupported" in line), "")
-        raise ValueError(f"{path} holds more than tensors and plain values, so it is not loaded"
-                         f"{f' ({reason})' if reason else ''}: delete it to start the training afresh") from None
-    refuse_other_settings({**SETTINGS_ADDED_LATER, **state["settings"]}, settings.fingerprint(), f"{path} is a run")
-    model.load_state_dict(state["head"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return Progress(**state["progress"])
-
-
-def save_checkpoint(path: Path, settings: RunSettings, model, optimizer, scheduler, progress: Progress) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"settings": settings.fingerprint(), "head": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "progress": asdict(progress)}
-    temporary = path.with_name(path.name + ".tmp")
-    torch.save(state, temporary)
-    os.replace(temporary, path)
 
 
 # ---------------------------------------------------------------- the command line

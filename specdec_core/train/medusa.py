@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from ..drafters.eagle_head import default_layer_ids
 from ..drafters.medusa_heads import DRAFT_VOCAB_FILE, WEIGHTS_FILE, MedusaHeads
 from ..presets.loading import load_preset
-from .base import SAVE_DTYPES, RunSettings, autocast, load_split, optimizer_step, resume, save_checkpoint, schedule, write_data
+from .base import SAVE_DTYPES, RunSettings, load_split, write_data
 from .dataset import Sequence, draft_vocabulary
+from .loop import train_loop
 from .outputs import DATA_WRITERS, check_out
 
 CHECKPOINT = "medusa_checkpoint.pt"  # beside the EAGLE trainer's, in a work folder both may share
@@ -79,32 +79,19 @@ def train_medusa(settings: MedusaSettings, stop_after: int | None = None) -> dic
     heads.draft_token_ids = vocabulary.tolist()  # what they guess among: saved with them, read out so when drafting
     optimizer = torch.optim.AdamW(heads.parameters(), lr=settings.lr, weight_decay=0.0)
     per_epoch = math.ceil(len(train_set) / settings.batch)
-    total_steps = per_epoch * settings.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(total_steps))
-    progress = resume(settings.work_dir / CHECKPOINT, settings, heads, optimizer, scheduler)
-    eval_steps = {per_epoch * e for e in range(1, settings.epochs + 1)}
 
-    bar = tqdm(total=total_steps, initial=progress.step, desc="training", unit="step")
-    resumed_at = time.monotonic() - progress.seconds
-    while progress.step < total_steps and not settings.out_of_time(progress.seconds):
-        heads.train()
-        with autocast(settings.train_dtype):
-            loss, positions = heads_loss(heads, readout, to_readout, _batch(train_set, settings, progress.step, per_epoch))
-        optimizer_step(loss, heads, optimizer, scheduler)
-        progress.stepped(positions, resumed_at)
-        bar.update(1)
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
-        if progress.step in eval_steps:
-            point = accuracy(heads, lm_head, evaluation, settings.top_k)
-            progress.history.append({"step": progress.step, "tokens": progress.tokens, "epoch": progress.step / per_epoch, **point})
-            bar.write(f"step {progress.step}: held-out top-1 accuracy by head {point['top1']}")
-        progress.stopped_early = settings.out_of_time(progress.seconds)
-        if progress.step % settings.checkpoint_every == 0 or progress.step in eval_steps or progress.stopped_early:
-            save_checkpoint(settings.work_dir / CHECKPOINT, settings, heads, optimizer, scheduler, progress)
-        if stop_after is not None and progress.step >= stop_after and progress.step < total_steps:
-            bar.close()
-            return None
-    bar.close()
+    def step(index: int):
+        loss, positions = heads_loss(heads, readout, to_readout, _batch(train_set, settings, index, per_epoch))
+        return loss, positions, {}
+
+    def evaluate():
+        point = accuracy(heads, lm_head, evaluation, settings.top_k)
+        return point, f"held-out top-1 accuracy by head {point['top1']}"
+
+    progress = train_loop(settings, heads, optimizer, settings.work_dir / CHECKPOINT, per_epoch, step, evaluate,
+                          eval_steps={per_epoch * e for e in range(1, settings.epochs + 1)}, stop_after=stop_after)
+    if progress is None:
+        return None
 
     heads.save(out, dtype=SAVE_DTYPES[settings.save_dtype])
     saved = MedusaHeads.load(out).float()  # the numbers are those of the folder as written
@@ -117,7 +104,7 @@ def train_medusa(settings: MedusaSettings, stop_after: int | None = None) -> dic
                  "heldout_sequences": len(heldout), "evaluated_sequences": len(evaluation),
                  "evaluated_modes": sorted({s.mode for s in evaluation}),
                  "generation_seconds_this_run": round(data_seconds, 1)},
-        "training": {"steps": progress.step, "planned_steps": total_steps, "epochs": progress.step / per_epoch,
+        "training": {"steps": progress.step, "planned_steps": per_epoch * settings.epochs, "epochs": progress.step / per_epoch,
                      "positions": progress.tokens, "seconds": round(progress.seconds, 1),
                      "stopped_early": progress.stopped_early, "threads": torch.get_num_threads()},
         "learning_curve": progress.history,

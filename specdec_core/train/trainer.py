@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from ..decoding.base import decoder_of
 from ..drafters.eagle_head import Eagle3Head, default_layer_ids
 from ..presets.loading import load_preset
-from .base import SAVE_DTYPES, RunSettings, autocast, load_split, optimizer_step, resume, save_checkpoint, schedule, write_data
+from .base import SAVE_DTYPES, RunSettings, load_split, write_data
 from .base import data_model  # noqa: F401 (named here before base.py: tests and scripts import it from here)
 from .dataset import Sequence, coverage, draft_vocabulary, make_batch
+from .loop import train_loop
 from .outputs import check_out, write_outputs
 from .ttt import Acceptance, measure_acceptance, ttt_loss
 
@@ -69,35 +69,22 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     draft_lm_head = lm_head[torch.tensor(vocabulary)]
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
     per_epoch = math.ceil(len(train_set) / settings.batch)
-    total_steps = per_epoch * settings.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(total_steps))
-    progress = resume(settings.work_dir / CHECKPOINT, settings, head, optimizer, scheduler)
     evaluation = evaluation_set(heldout, lm_head)
-    eval_steps = sorted({max(1, round(per_epoch * f)) for f in EVAL_FRACTIONS} | {per_epoch * e for e in range(1, settings.epochs + 1)})
+    eval_steps = {max(1, round(per_epoch * f)) for f in EVAL_FRACTIONS} | {per_epoch * e for e in range(1, settings.epochs + 1)}
 
-    bar = tqdm(total=total_steps, initial=progress.step, desc="training", unit="step")
-    head.train()
-    resumed_at = time.monotonic() - progress.seconds
-    while progress.step < total_steps and not settings.out_of_time(progress.seconds):
-        sequences = _batch_sequences(train_set, settings, progress.step, per_epoch)
-        with autocast(settings.train_dtype):
-            loss, report = ttt_loss(head, embedding, draft_lm_head, make_batch(sequences, settings.ttt_steps), settings.ttt_steps)
-        optimizer_step(loss, head, optimizer, scheduler)
-        progress.stepped(report.get(1, (0, 0, 0))[2], resumed_at)
-        bar.update(1)
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree1=f"{report.get(1, (0, 0))[1]:.3f}")
-        if progress.step in eval_steps:
-            point = acceptance(head, embedding, evaluation, settings).as_dict()
-            progress.history.append({"step": progress.step, "tokens": progress.tokens, "epoch": progress.step / per_epoch, **point})
-            head.train()
-            bar.write(f"step {progress.step}: held-out acceptance {point['by_position']}, mean accepted {point['mean_accepted']}")
-        out_of_time = progress.stopped_early = settings.out_of_time(progress.seconds)
-        if progress.step % settings.checkpoint_every == 0 or progress.step in eval_steps or out_of_time or progress.step == total_steps:
-            save_checkpoint(settings.work_dir / CHECKPOINT, settings, head, optimizer, scheduler, progress)
-        if stop_after is not None and progress.step >= stop_after and progress.step < total_steps:
-            bar.close()
-            return None
-    bar.close()
+    def step(index: int):
+        sequences = _batch_sequences(train_set, settings, index, per_epoch)
+        loss, report = ttt_loss(head, embedding, draft_lm_head, make_batch(sequences, settings.ttt_steps), settings.ttt_steps)
+        return loss, report.get(1, (0, 0, 0))[2], {"agree1": f"{report.get(1, (0, 0))[1]:.3f}"}
+
+    def evaluate():
+        point = acceptance(head, embedding, evaluation, settings).as_dict()
+        return point, f"held-out acceptance {point['by_position']}, mean accepted {point['mean_accepted']}"
+
+    progress = train_loop(settings, head, optimizer, settings.work_dir / CHECKPOINT, per_epoch, step, evaluate,
+                          eval_steps, stop_after)
+    if progress is None:
+        return None
 
     # The numbers are those of the folder as written (fp16 weights), read back as a user would.
     head.save(out, dtype=SAVE_DTYPES[settings.save_dtype])
@@ -110,7 +97,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
         "target_layers": list(layer_ids),
         "head_parameters": saved.parameter_count,
         "data": _data_summary(train_set, heldout, evaluation, vocabulary, data_seconds),
-        "training": {"steps": progress.step, "planned_steps": total_steps, "epochs": progress.step / per_epoch,
+        "training": {"steps": progress.step, "planned_steps": per_epoch * settings.epochs, "epochs": progress.step / per_epoch,
                      "tokens": progress.tokens, "seconds": round(progress.seconds, 1),
                      "stopped_early": progress.stopped_early, "threads": torch.get_num_threads()},
         "learning_curve": progress.history,
