@@ -191,13 +191,17 @@ class TreeModelDrafter(Drafter):
         if draft_vocab is not None:
             self.allowed[draft_vocab] = True
         self.depths_kept = Counter()
+        self.known = {}  # (path, params) -> q: thousands of replies share a few dozen paths
 
     def _q(self, sequence, params):
-        with torch.no_grad():
-            q = probabilities(self.model(torch.tensor([sequence])).logits[0, -1] / self.flatten, params)
-        if self.allowed is not None:
-            q = q * self.allowed
-        return q / q.sum()
+        key = (tuple(sequence), dataclasses.replace(params, seed=None))
+        if key not in self.known:
+            with torch.no_grad():
+                q = probabilities(self.model(torch.tensor([sequence])).logits[0, -1] / self.flatten, params)
+            if self.allowed is not None:
+                q = q * self.allowed
+            self.known[key] = q / q.sum()
+        return self.known[key]
 
     def propose_tree(self, context, k, nodes, params, generator):
         tokens, parents, rows, frontier = [], [], [], [(-1, [])]
