@@ -29,14 +29,16 @@ SETTINGS_ADDED_LATER = {"prompts": "templates", "rewrite_heldout": None}
 
 def train_loop(settings: RunSettings, model: torch.nn.Module, optimizer, checkpoint: Path, per_epoch: int,
                step: Callable[[int], tuple[torch.Tensor, int, dict]], evaluate: Callable[[], tuple[dict, str]],
-               eval_steps: Collection[int], stop_after: int | None = None) -> Progress | None:
+               eval_steps: Collection[int] = (), stop_after: int | None = None) -> Progress | None:
     """Train `model` for settings.epochs epochs of `per_epoch` steps (or until settings.max_minutes),
     continuing from `checkpoint` when it exists. `step(i)`: step i's loss, the positions it trained
     and what the progress bar shows besides the loss; `evaluate()`: a held-out measurement (kept in
-    the learning curve) and its line for the log, taken after each step of `eval_steps`. Returns the
+    the learning curve) and its line for the log, taken at the end of every epoch and after each step
+    of `eval_steps` (points inside the first epoch, where the curve moves most). Returns the
     progress, or None once `stop_after` steps are done before the end (how tests stand in for a
     killed run)."""
     total_steps = per_epoch * settings.epochs
+    eval_steps = set(eval_steps) | {per_epoch * epoch for epoch in range(1, settings.epochs + 1)}
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(total_steps))
     progress = resume(checkpoint, settings, model, optimizer, scheduler)
     resumed_at = time.monotonic() - progress.seconds

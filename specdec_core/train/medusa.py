@@ -89,7 +89,7 @@ def train_medusa(settings: MedusaSettings, stop_after: int | None = None) -> dic
         return point, f"held-out top-1 accuracy by head {point['top1']}"
 
     progress = train_loop(settings, heads, optimizer, settings.work_dir / CHECKPOINT, per_epoch, step, evaluate,
-                          eval_steps={per_epoch * e for e in range(1, settings.epochs + 1)}, stop_after=stop_after)
+                          stop_after=stop_after)
     if progress is None:
         return None
 

@@ -70,7 +70,6 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
     per_epoch = math.ceil(len(train_set) / settings.batch)
     evaluation = evaluation_set(heldout, lm_head)
-    eval_steps = {max(1, round(per_epoch * f)) for f in EVAL_FRACTIONS} | {per_epoch * e for e in range(1, settings.epochs + 1)}
 
     def step(index: int):
         sequences = _batch_sequences(train_set, settings, index, per_epoch)
@@ -82,7 +81,7 @@ def train(settings: TrainSettings, stop_after: int | None = None) -> dict | None
         return point, f"held-out acceptance {point['by_position']}, mean accepted {point['mean_accepted']}"
 
     progress = train_loop(settings, head, optimizer, settings.work_dir / CHECKPOINT, per_epoch, step, evaluate,
-                          eval_steps, stop_after)
+                          eval_steps={max(1, round(per_epoch * f)) for f in EVAL_FRACTIONS}, stop_after=stop_after)
     if progress is None:
         return None
 
