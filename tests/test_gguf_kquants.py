@@ -396,7 +396,7 @@ def _k_quant_type(name: str) -> str | None:
     return None
 
 
-K_QUANT_LAYERS = 6  # of the bundled model's 30: every type above twice, and a third of the conversion's time
+K_QUANT_LAYERS = 6  # of the bundled model's 30: every type above at least twice, a third of the conversion's time
 
 
 @pytest.fixture(scope="module")
