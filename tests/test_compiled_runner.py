@@ -222,32 +222,34 @@ def test_steps_compiled_in_the_background_leave_eager_decoding_exact_meanwhile_t
     steps = CompiledSteps(model, step_sizes=STEP_SIZES, feature_layers=_head(model).layer_ids, background=True)
     made_while_compiling = steps()
     checked_while_compiling = 0
-    while steps.compiling:
+    # A few replies while it compiles: the compile waits out each one (it gives way to decoding),
+    # so checking all along made it crawl (54-70 s of the suite for a 20 s compile).
+    while steps.compiling and checked_while_compiling < 3:
         assert steps.decode_path == COMPILING
         assert torch.equal(_rows(steps(), prompt, tokens), eager)
         checked_while_compiling += steps.compiling
         time.sleep(0.05)  # a pause between replies
     assert checked_while_compiling > 0 and steps.wait() and steps.decode_path == COMPILED_DYNAMIC
-    compiled_rows = _rows(made_while_compiling, prompt, tokens)  # its begin() took the compiled steps
-    foreground = CompiledSteps(model, step_sizes=STEP_SIZES, progress=False)
-    assert torch.equal(compiled_rows, _rows(foreground(), prompt, tokens))
+    calls = _counting_compiled_calls(steps)
+    compiled_rows = _rows(made_while_compiling, prompt, tokens)
+    assert len(calls) >= len(tokens)  # its begin() took the compiled steps: every token ran on them
     torch.testing.assert_close(compiled_rows, eager, rtol=0, atol=0.1)
 
 
 def test_a_generation_keeps_the_path_it_began_on():
     """Compiled and eager steps may round a tie apart: no reply switches in its middle."""
     model = _int4_tiny_llama(seed=27)
-    steps = CompiledSteps(model, step_sizes=STEP_SIZES, background=True)
+    steps = CompiledSteps(model, step_sizes=(1,), background=True)  # one graph: the compile is the test's time
     runner = steps()
     runner.begin()
-    prompt, tokens = _tokens(60, 30), _tokens(61, 6)
+    prompt, tokens = _tokens(60, 30), _tokens(61, 2)
     runner.forward(prompt, last_only=True)
     assert steps.wait()
     calls = _counting_compiled_calls(steps)
-    runner.forward(tokens[:3])
+    runner.forward(tokens[:1])
     assert calls == []  # still eager: this generation began before the steps were ready
     runner.begin()
-    runner.forward(tokens[3:])
+    runner.forward(tokens[1:])
     assert len(calls) == 1
 
 

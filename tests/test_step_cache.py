@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from specdec_core import PromptLookupDrafter, SamplingParams, SpeculativeEngine
+from specdec_core.bench.architectures import NumberTokenizer
 from specdec_core.decoding.compiled import COMPILED_DYNAMIC, COMPILING, CompiledSteps
 from specdec_core.decoding.helper_process import HelperCommand
 from specdec_core.decoding.step_cache import StepCache, step_key
@@ -20,7 +21,7 @@ from specdec_core.kernels.row_attention import use_row_exact_attention
 from specdec_core.presets.loaded import _decode_path
 from tests.test_row_attention import VOCAB, _int4_tiny_llama
 from tests.test_tree import OracleTreeDrafter, random_shape
-from tests.tiny_models import load_smollm2_tokenizer, random_eagle_head
+from tests.tiny_models import random_eagle_head
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,7 +41,8 @@ def greedy_replies(steps: CompiledSteps) -> tuple[dict, int]:
     params = SamplingParams(max_new_tokens=30)
 
     def reply(drafter):
-        engine = SpeculativeEngine(steps.model, load_smollm2_tokenizer(), drafter=drafter, draft_length=3,
+        # ids as text: the tokens are what's compared (a real tokenizer costs the second process 5 s)
+        engine = SpeculativeEngine(steps.model, NumberTokenizer(), drafter=drafter, draft_length=3,
                                    adaptive=False, make_runner=steps)
         return engine.generate(prompt, params)
 
