@@ -255,6 +255,7 @@ class SpeculativeEngine:
         seconds = time.perf_counter() - started
         call.policy.costs.record_catch_up(lag, seconds)
         self.stats.draft_s += seconds
+        self.stats.catch_up_s += seconds
 
     def checked_prompt(self, prompt_ids: list[int]) -> list[int]:
         """The prompt as a list of ints; ValueError if it is empty, PromptTooLong if the target

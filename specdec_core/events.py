@@ -181,6 +181,7 @@ class Stats:
     prompt_tokens_read: int = 0
     wall_s: float = 0.0
     draft_s: float = 0.0
+    catch_up_s: float = 0.0  # of draft_s: the drafter reading what it missed (a new prompt, plain rounds)
     verify_s: float = 0.0
     # One of FINISH_REASONS once the reply has ended; None while it runs, or if its consumer
     # stopped it early.

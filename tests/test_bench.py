@@ -105,6 +105,10 @@ def test_theory_check_prices_our_drafting_by_the_time_the_engine_measured():
     ours = RunTotals()
     ours.add(Run("ours-eagle", [0] * 5, 1.0, [(2, 1), (2, 2)], draft_s=0.016))
     assert theory_check(ours, costs, False, 1.0)["c"] == pytest.approx(0.016 / 4 / 0.040)
+    caught_up = RunTotals()  # the same time, 0.012 s of it reading what plain rounds left
+    caught_up.add(Run("ours-eagle", [0] * 5, 1.0, [(2, 1), (2, 2)], draft_s=0.016, catch_up_s=0.012))
+    check = theory_check(caught_up, costs, False, 1.0)
+    assert check["c"] == pytest.approx(0.016 / 4 / 0.040) and check["c_catch_up"] == pytest.approx(0.012 / 4 / 0.040)
     probed = RunTotals()
     probed.add(Run("hf-lookup", [0] * 5, 1.0, [(2, 1), (2, 2)]))
     assert theory_check(probed, costs, False, 1.0)["c"] == pytest.approx(0.0001 / 0.040 / 2)

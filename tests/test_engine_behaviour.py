@@ -416,6 +416,7 @@ def test_an_eagle_head_reads_a_new_prompt_as_catch_up(target, smol_tokenizer):
         engine.generate(prompt, greedy(4))
     assert reads[0] == len(prompt) - 1  # one batched pass over the prompt's pairs: the catch-up
     assert engine.policy.costs.catch_up_seconds.weight > 0  # timed as catch-up
+    assert 0 < engine.stats.catch_up_s < engine.stats.draft_s  # counted apart, within the drafting time
     assert max(reads[1:]) <= 1 + 3  # then each round: the accepted positions, the draft steps
 
 

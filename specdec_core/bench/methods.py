@@ -332,7 +332,7 @@ def timed_run(method, prompt_ids: list[int], params: SamplingParams, messages: l
         wall_s = time.perf_counter() - start
         stats = method.engine.stats
         return Run(method.name, token_ids, wall_s, list(stats.rounds), draft_s=stats.draft_s,
-                   ttft_s=stats.ttft_s, first_round_tokens=stats.first_round_tokens,
+                   catch_up_s=stats.catch_up_s, ttft_s=stats.ttft_s, first_round_tokens=stats.first_round_tokens,
                    by_depth=(list(stats.drafted_by_position), list(stats.accepted_by_position)),
                    nodes=stats.node_acceptance)
     ends: list[float] = []

@@ -283,7 +283,8 @@ def markdown(report: dict) -> str:
             "own baseline",
             "",
             "a: acceptance probability per drafted token; g: mean draft length of drafting rounds (a tree's: "
-            "its nodes); c: draft cost per drafted token (ours: timed during the runs) / target 1-token step; "
+            "its nodes); c: draft cost per drafted token (ours: timed during the runs) / target 1-token step, "
+            "and in brackets the part of it that was catch-up (reading what plain rounds left); "
             "v: verify step / 1-token step; share: rounds that drafted. Methods that verified trees are "
             "predicted from their per-node acceptance instead of a (see Trees).",
             "",
@@ -295,7 +296,7 @@ def markdown(report: dict) -> str:
                 if f == OVERALL:
                     continue
                 lines.append(
-                    f"| {m} | {_label(f)} | {t['a']:.2f} | {t['g']:.2f} | {t['c']:.3f} | {t['v']:.2f} | "
+                    f"| {m} | {_label(f)} | {t['a']:.2f} | {t['g']:.2f} | {t['c']:.3f} ({t.get('c_catch_up', 0.0):.3f}) | {t['v']:.2f} | "
                     f"{t['draft_share']:.2f} | {_x(t['predicted_speedup'])} | {_x(t['measured_speedup'])} | "
                     f"{_pct(t['efficiency'])} |"
                 )

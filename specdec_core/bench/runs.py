@@ -19,6 +19,7 @@ class Run:
     # Seconds our engine spent drafting (proposals and the drafter's catch-up); None for methods
     # that don't say (Hugging Face's, llama.cpp), whose drafting cost the theory check probes.
     draft_s: float | None = None
+    catch_up_s: float = 0.0  # of draft_s: the drafter's catch-up (Stats.catch_up_s)
     # Seconds to the first token (the prompt reading and the first round), and that round's tokens:
     # what the decode-phase figures leave out. None: not measured (the decode figures then count
     # the whole run).
@@ -57,6 +58,7 @@ class RunTotals:
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     draft_s: float = 0.0  # drafting seconds our engine measured
+    catch_up_s: float = 0.0  # of draft_s: the drafter's catch-up
     draft_measured: bool = True  # False once a run without them was added
     runs: int = 0
     ttft_s: float = 0.0  # summed over the runs
@@ -69,6 +71,7 @@ class RunTotals:
             self.draft_measured = False
         else:
             self.draft_s += run.draft_s
+            self.catch_up_s += run.catch_up_s
         self.new_tokens += run.new_tokens
         self.wall_s += run.wall_s
         self.runs += 1

@@ -111,14 +111,18 @@ def theory_check(
     c is per drafted token, over the probed target step: for our engine the drafting time it
     measured during the runs (any drafter: the EAGLE head's steps, lookup's searches, the draft
     model's steps and catch-up), for other methods the probes (the draft model's step, or the
-    lookup search spread over the round's mean draft length).
+    lookup search spread over the round's mean draft length). c_catch_up is the part of our c
+    spent catching up (reading what plain rounds or a new prompt left unread): a drafter the
+    policy pauses often pays it on few drafts, and c minus it is what its draft steps cost.
     """
     drafting_rounds = counts.rounds - counts.plain_rounds
     a = acceptance_probability(counts)
     g = counts.drafted / drafting_rounds if drafting_rounds else 0.0
     share = drafting_rounds / counts.rounds if counts.rounds else 0.0
+    c_catch_up = 0.0
     if counts.draft_measured and counts.drafted:
         c = counts.draft_s / counts.drafted / costs.target_step_s
+        c_catch_up = counts.catch_up_s / counts.drafted / costs.target_step_s
     elif uses_draft_model and costs.draft_step_s is not None:
         c = costs.draft_step_s / costs.target_step_s
     else:
@@ -136,6 +140,7 @@ def theory_check(
         "a": a,
         "g": g,
         "c": c,
+        "c_catch_up": c_catch_up,
         "v": v,
         "draft_share": share,
         "expected_tokens_per_drafting_round": tokens,
