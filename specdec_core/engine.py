@@ -213,14 +213,19 @@ class SpeculativeEngine:
         verified = time.perf_counter()
         kept_rows = [0, *(node + 1 for node in path)]  # the verify step's rows that stand: the last token, the path
         _roll_back(call.target, len(context) - 1, kept_rows)  # forget the rejected drafts
-        self._observe(len(context) - 1, kept_rows)  # the target features that stand, to a drafter that reads them
-        if draft.tokens:  # a plain round verified no draft: nothing to tell the drafter
-            self.drafter.accepted_path(path)
+        # The target features that stand, taken before a guess below can run the target's
+        # modules (Medusa reads out through its final norm, which the tap hooks).
+        features = self._standing_features(kept_rows)
         if k == 0 and policy.drafting_is_free():  # keep learning from the drafter at no cost
+            # Asked as at a round's start, before this round's features: a drafter that reads
+            # them (Medusa) guesses the token after the context from the row before them.
             unverified = self.drafter.propose(context, 1, call.params, call.generator).tokens
             self.drafter.unverified()
             if unverified:
                 policy.observe_unverified(unverified[0] == token)
+        self._observe(len(context) - 1, features)
+        if draft.tokens:  # a plain round verified no draft: nothing to tell the drafter
+            self.drafter.accepted_path(path)
         n, tree_depth = len(path), (draft.depth if draft.parents is not None else None)
         sources = _sources(len(draft.tokens), n, draft.is_leaf(path[-1] if path else -1))
         # A tree round is kept as verified (its nodes, path and closing token): the app draws it.
@@ -276,7 +281,7 @@ class SpeculativeEngine:
             position = call.target.length
             self._tap.start()
             call.target.forward(unread, last_only=True)
-            self._observe(position, len(unread))
+            self._observe(position, self._standing_features(len(unread)))
             self.stats.target_forwards += 1
             self.stats.verify_s += time.perf_counter() - started
 
@@ -289,16 +294,19 @@ class SpeculativeEngine:
             return target.forward([last_token, *draft.tokens])
         return target.forward_tree([last_token, *draft.tokens], draft.parents)
 
-    def _observe(self, position: int, rows: int | list[int]) -> None:
-        """Hand the drafter the features the last target forward captured for its rows `rows`
-        (a count: the first ones), which stand at sequence positions from `position`, if it
-        reads any."""
+    def _standing_features(self, rows: int | list[int]) -> torch.Tensor | None:
+        """The features the last target forward captured for its rows `rows` (a count: the first
+        ones); None where the drafter reads none."""
         features = self._tap.take()
+        if features is None:
+            return None
+        if isinstance(rows, int) or is_chain_prefix(rows):
+            return features[: rows if isinstance(rows, int) else len(rows)]
+        return features[torch.tensor(rows, device=features.device)]
+
+    def _observe(self, position: int, features: torch.Tensor | None) -> None:
+        """Hand a drafter that reads features those of sequence positions from `position`."""
         if features is not None:
-            if isinstance(rows, int) or is_chain_prefix(rows):
-                features = features[: rows if isinstance(rows, int) else len(rows)]
-            else:
-                features = features[torch.tensor(rows, device=features.device)]
             self.drafter.observe(features, position)
 
     @staticmethod

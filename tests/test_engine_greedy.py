@@ -215,6 +215,26 @@ def test_medusa_heads_that_fit_the_target_are_accepted(family, references, smol_
     assert drafted > 0 and accepted / drafted > 0.8, (accepted, drafted)
 
 
+def test_plain_rounds_keep_measuring_heads_the_policy_takes_as_free(family, references, smol_tokenizer, monkeypatch):
+    """Where the heads cost under a twentieth of a target step (fp32 SmolLM2), the policy counts
+    them free: never probed, kept current by a guess each plain round, compared with the target's
+    token. The heads guess from the row before the round's features; asked after them, they had
+    no row for the context and guessed nothing, so their acceptance froze and, once it read as
+    not paying, they never drafted again (fp32 bench: 8 tokens drafted in 3,094 forwards)."""
+    sequences = [ids + expected for ids, expected in references.values()]
+    drafter = MedusaDrafter(fitted_medusa_heads(family["target"], sequences, num_heads=2))
+    engine = SpeculativeEngine(family["target"], smol_tokenizer, drafter=drafter, draft_length=2)
+    policy, seen = engine.policy, []
+    monkeypatch.setattr(policy, "next_draft_length", lambda *args: 0)  # plain rounds only
+    monkeypatch.setattr(policy, "drafting_is_free", lambda: True)
+    monkeypatch.setattr(policy, "observe_unverified", seen.append)
+    for ids, expected in references.values():
+        assert engine.generate(ids, SamplingParams(max_new_tokens=NEW_TOKENS)).token_ids == expected
+    rounds = sum(len(expected) for _, expected in references.values())
+    assert len(seen) >= rounds - len(references), (len(seen), rounds)  # every round, but perhaps a reply's last
+    assert sum(seen) / len(seen) > 0.8  # the fitted heads' guesses, compared with the right token
+
+
 @pytest.mark.parametrize("fitted", [True, False], ids=["fitted-heads", "random-heads"])
 def test_medusa_trees_equal_the_baseline(family, references, smol_tokenizer, fitted):
     """Greedy rounds verify the heads' candidate trees (top guesses of each head combined): the
