@@ -217,3 +217,28 @@ def test_vllm_is_found_in_an_interpreter_of_its_own(no_vllm, tmp_path):
     assert vllm_problem(str(python)) is None
     assert available_methods(VllmOptions(str(python))) == available_methods() + VLLM_METHODS
     assert "not importable by /no/such/python" in vllm_problem("/no/such/python")
+
+
+# ---------------------------------------------------------------- a started server's work after a reply
+
+
+def test_the_bench_waits_for_a_started_servers_processes_to_go_idle():
+    """What a server does after its reply's last chunk (vLLM's engine goes on for about a second
+    on this CPU) must not run beside the next method: the wait ends once its session's
+    processes stop using the CPU, and at once for a session that is not there."""
+    import subprocess
+    import time
+
+    burn = "import time\nend = time.monotonic() + 0.6\nwhile time.monotonic() < end: pass\ntime.sleep(30)"
+    process = subprocess.Popen([sys.executable, "-c", burn], start_new_session=True)
+    try:
+        time.sleep(0.1)  # started and burning
+        waited = vllm_server.wait_until_session_idle(process.pid)
+        assert 0.2 < waited < vllm_server.IDLE_WAIT_S, waited
+        before = vllm_server._session_cpu_s(process.pid)
+        time.sleep(0.3)
+        assert vllm_server._session_cpu_s(process.pid) - before < 0.05  # idle now: only sleeping
+    finally:
+        process.kill()
+        process.wait()
+    assert vllm_server.wait_until_session_idle(process.pid) < 0.05  # gone: nothing to wait for

@@ -172,8 +172,10 @@ class ServedMethod:
         if not token_ids and usage.get("completion_tokens"):
             raise ValueError(f"{self.name}: the server at {self.url} returns no token ids: it needs vLLM 0.10.2 "
                              "or later (return_token_ids), or this project's API (return_sources)")
-        return ServedReply(token_ids, wall_s, ttft_s, first_tokens or 1, usage.get("prompt_tokens"),
-                           self._settled(before, len(token_ids)).minus(before))
+        counters = self._settled(before, len(token_ids)).minus(before)
+        if self.server is not None:  # what it does after the reply is no other method's time
+            self.server.wait_until_idle()
+        return ServedReply(token_ids, wall_s, ttft_s, first_tokens or 1, usage.get("prompt_tokens"), counters)
 
     def close(self) -> None:
         self.client.close()
