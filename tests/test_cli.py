@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 STATS_NAMES = {
     "new_tokens", "target_forwards", "tokens_per_target_forward", "drafted_tokens", "accepted_tokens",
     "acceptance_rate", "accepted_by_position", "drafted_by_position", "draft_length", "ttft_s", "wall_s",
-    "tokens_per_second", "draft_s", "verify_s", "finish_reason", "first_round_tokens", "decode_tokens_per_second",
+    "tokens_per_second", "draft_s", "catch_up_s", "verify_s", "finish_reason", "first_round_tokens", "decode_tokens_per_second",
     "prompt_tokens_read", "tree_rounds", "tree_nodes_verified", "tree_accepted_depth", "mean_accepted_depth",
 }
 
