@@ -541,21 +541,20 @@ def _with_a_compiling_4bit_target(name: str, config_path) -> "LoadedModels":
     """The tiny preset as compile: auto loads a 4-bit CPU target: its linear layers on the int4
     kernel (Q4_1 blocks of its own weights, as a GGUF target's), row-exact attention, and its
     steps compiled in the background reading the EAGLE head's layers. (A tiny GGUF file is not
-    at hand, lean layers need wider layers than this model's, and two step sizes keep the
-    compile short.)"""
+    at hand, and lean layers need wider layers than this model's.) One step size keeps the compile
+    short: verify steps run as 1-token compiled steps in turn, each row what a plain step gives (the
+    padded multi-token steps are held to plain decoding in test_compiled_runner.py)."""
     from transformers import AutoModelForCausalLM
 
     from specdec_core.decoding.compiled import CompiledSteps
     from specdec_core.kernels.int4_linear import quantise_linear_layers
     from specdec_core.kernels.row_attention import use_row_exact_attention
     from specdec_core.presets.loading import load_preset
-    from tests.test_compiled_runner import STEP_SIZES
-
     models = load_preset(name, config_path, compile=False)  # the tokenizer, the draft, the EAGLE and Medusa heads
     target = AutoModelForCausalLM.from_pretrained(Path(config_path).parent / "target").eval()
     assert quantise_linear_layers(target) and use_row_exact_attention(target) is None
     models.target = target
-    models.target_runner = CompiledSteps(target, name="target", step_sizes=STEP_SIZES,
+    models.target_runner = CompiledSteps(target, name="target", step_sizes=(1,),
                                          feature_layers=(*models.eagle_head.layer_ids, target.config.num_hidden_layers),
                                          background=True)
     return models

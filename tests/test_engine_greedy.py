@@ -200,12 +200,17 @@ def test_an_eagle_head_that_fits_the_target_is_accepted(family, references, smol
             drafter.name, counted.first_kept, counted.proposals)
 
 
-def test_medusa_heads_that_fit_the_target_are_accepted(family, references, smol_tokenizer):
+@pytest.fixture(scope="module")
+def two_fitted_heads(family, references):
+    """Two Medusa heads taught that head i at position t gives token t + 2 + i of the references."""
+    return fitted_medusa_heads(family["target"], [ids + expected for ids, expected in references.values()], num_heads=2)
+
+
+def test_medusa_heads_that_fit_the_target_are_accepted(family, references, smol_tokenizer, two_fitted_heads):
     """Heads taught that head i at position t gives token t + 2 + i are accepted at every draft
     position, across replies: the hidden state's position and the heads' offsets line up (an
     off-by-one would leave them unaccepted). The output stays the target's."""
-    sequences = [ids + expected for ids, expected in references.values()]
-    drafter = MedusaDrafter(fitted_medusa_heads(family["target"], sequences, num_heads=2))
+    drafter = MedusaDrafter(two_fitted_heads)
     engine = SpeculativeEngine(family["target"], smol_tokenizer, drafter=drafter, draft_length=2, adaptive=False)
     drafted = accepted = 0
     for ids, expected in references.values():
@@ -215,15 +220,14 @@ def test_medusa_heads_that_fit_the_target_are_accepted(family, references, smol_
     assert drafted > 0 and accepted / drafted > 0.8, (accepted, drafted)
 
 
-def test_plain_rounds_keep_measuring_heads_the_policy_takes_as_free(family, references, smol_tokenizer, monkeypatch):
+def test_plain_rounds_keep_measuring_heads_the_policy_takes_as_free(family, references, smol_tokenizer, two_fitted_heads,
+                                                                   monkeypatch):
     """Where the heads cost under a twentieth of a target step (fp32 SmolLM2), the policy counts
     them free: never probed, kept current by a guess each plain round, compared with the target's
     token. The heads guess from the row before the round's features; asked after them, they had
     no row for the context and guessed nothing, so their acceptance froze and, once it read as
     not paying, they never drafted again (fp32 bench: 8 tokens drafted in 3,094 forwards)."""
-    sequences = [ids + expected for ids, expected in references.values()]
-    drafter = MedusaDrafter(fitted_medusa_heads(family["target"], sequences, num_heads=2))
-    engine = SpeculativeEngine(family["target"], smol_tokenizer, drafter=drafter, draft_length=2)
+    engine = SpeculativeEngine(family["target"], smol_tokenizer, drafter=MedusaDrafter(two_fitted_heads), draft_length=2)
     policy, seen = engine.policy, []
     monkeypatch.setattr(policy, "next_draft_length", lambda *args: 0)  # plain rounds only
     monkeypatch.setattr(policy, "drafting_is_free", lambda: True)
