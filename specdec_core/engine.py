@@ -213,16 +213,11 @@ class SpeculativeEngine:
         verified = time.perf_counter()
         kept_rows = [0, *(node + 1 for node in path)]  # the verify step's rows that stand: the last token, the path
         _roll_back(call.target, len(context) - 1, kept_rows)  # forget the rejected drafts
-        # The target features that stand, taken before a guess below can run the target's
+        # The target features that stand, taken before the guess below can run the target's
         # modules (Medusa reads out through its final norm, which the tap hooks).
         features = self._standing_features(kept_rows)
         if k == 0 and policy.drafting_is_free():  # keep learning from the drafter at no cost
-            # Asked as at a round's start, before this round's features: a drafter that reads
-            # them (Medusa) guesses the token after the context from the row before them.
-            unverified = self.drafter.propose(context, 1, call.params, call.generator).tokens
-            self.drafter.unverified()
-            if unverified:
-                policy.observe_unverified(unverified[0] == token)
+            self._compare_a_guess(call, token)
         self._observe(len(context) - 1, features)
         if draft.tokens:  # a plain round verified no draft: nothing to tell the drafter
             self.drafter.accepted_path(path)
@@ -238,6 +233,16 @@ class SpeculativeEngine:
         self.stats.draft_length = policy.k
         tokens = [draft.tokens[node] for node in path] + [token]
         return list(zip(tokens, sources))
+
+    def _compare_a_guess(self, call: _Call, token: int) -> None:
+        """A plain round: ask the drafter for one token, unverified, and tell the policy whether it
+        is the target's. Asked as at a round's start, before this round's features reach the
+        drafter: one that reads them (Medusa) guesses the token after the context from the row
+        before them."""
+        guess = self.drafter.propose(call.context, 1, call.params, call.generator).tokens
+        self.drafter.unverified()
+        if guess:
+            call.policy.observe_unverified(guess[0] == token)
 
     def _propose(self, call: _Call, k: int) -> Draft:
         """The drafter's draft of at most k tokens deep: a chain, or a tree of at most the
