@@ -233,6 +233,10 @@ def test_steps_compiled_in_the_background_leave_eager_decoding_exact_meanwhile_t
     calls = _counting_compiled_calls(steps)
     compiled_rows = _rows(made_while_compiling, prompt, tokens)
     assert len(calls) >= len(tokens)  # its begin() took the compiled steps: every token ran on them
+    # What a compile in this thread gives: the same rows (its 1-token step alone, the one these
+    # rows ran on; a step's rows are bitwise its 1-token step's, tested above).
+    foreground = CompiledSteps(model, step_sizes=(1,), progress=False)
+    assert torch.equal(compiled_rows, _rows(foreground(), prompt, tokens))
     torch.testing.assert_close(compiled_rows, eager, rtol=0, atol=0.1)
 
 
